@@ -1,0 +1,124 @@
+"""The operator-level graph of one training step: a small, plain IR that every stage reads.
+
+A `Graph` is a list of `Node`s in execution order (forward first, then backward, as autograd
+ran them when traced). Each node produces one or more tensors (`TensorMeta`); other nodes
+refer to them by `ValueRef` (producer name, output index). Placeholders are the step's inputs:
+parameters, buffers, the user's inputs and the tangents (gradients of the model's outputs).
+Nothing here depends on torch: a graph loads from JSON anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+ValueRef = tuple[str, int]
+
+PLACEHOLDER = "placeholder"
+FORWARD = "forward"
+BACKWARD = "backward"
+EFFECT = "effect"  # in-place update of a buffer (BatchNorm running stats): forward only, once
+
+ROLE_PARAM, ROLE_BUFFER, ROLE_INPUT, ROLE_TANGENT = "param", "buffer", "input", "tangent"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and storage facts of one produced tensor.
+
+    `nbytes` is the size of the storage this tensor owns; 0 when it is a view that shares the
+    storage of input number `alias_of` (a view frees nothing and costs nothing).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    alias_of: int | None = None
+
+
+@dataclass
+class Node:
+    """One ATen operator call (or a placeholder) in the traced step."""
+
+    name: str
+    target: str
+    phase: str
+    inputs: list[ValueRef] = field(default_factory=list)
+    outputs: list[TensorMeta | None] = field(default_factory=list)
+    role: str | None = None  # placeholders only
+    random: bool = False  # draws random numbers: must never be recomputed
+    consts: str = ""  # the non-tensor arguments, for the fingerprint
+
+    @property
+    def out_bytes(self) -> int:
+        """Bytes of fresh storage this node allocates."""
+        return sum(m.nbytes for m in self.outputs if m is not None)
+
+
+@dataclass
+class Graph:
+    """The whole step: nodes in order plus where inputs and outputs go."""
+
+    nodes: list[Node]
+    param_names: list[str]  # one per ROLE_PARAM placeholder, in placeholder order
+    buffer_names: list[str]  # one per ROLE_BUFFER placeholder
+    model_outputs: list[ValueRef | None]  # flat model outputs (None: not a tensor we track)
+    param_grads: list[ValueRef | None]  # gradient of each parameter (None: unused)
+
+    def __post_init__(self) -> None:
+        self._by_name = {n.name: n for n in self.nodes}
+
+    def node(self, name: str) -> Node:
+        return self._by_name[name]
+
+    def meta(self, ref: ValueRef) -> TensorMeta:
+        meta = self._by_name[ref[0]].outputs[ref[1]]
+        assert meta is not None, ref
+        return meta
+
+    def of_phase(self, phase: str) -> list[Node]:
+        return [n for n in self.nodes if n.phase == phase]
+
+    def placeholders(self, role: str) -> list[Node]:
+        return [n for n in self.nodes if n.phase == PLACEHOLDER and n.role == role]
+
+    def static_bytes(self) -> int:
+        """Parameters, buffers and inputs: alive before, during and after the step."""
+        return sum(
+            n.out_bytes for n in self.nodes if n.phase == PLACEHOLDER and n.role != ROLE_TANGENT
+        )
+
+    def fingerprint(self) -> str:
+        """A hash of everything that decides what the step computes and how big it is."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return {
+            "nodes": [asdict(n) for n in self.nodes],
+            "param_names": self.param_names,
+            "buffer_names": self.buffer_names,
+            "model_outputs": self.model_outputs,
+            "param_grads": self.param_grads,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Graph:
+        nodes = []
+        for raw in data["nodes"]:
+            outputs = [
+                None
+                if m is None
+                else TensorMeta(tuple(m["shape"]), m["dtype"], m["nbytes"], m["alias_of"])
+                for m in raw["outputs"]
+            ]
+            inputs = [tuple(r) for r in raw["inputs"]]
+            nodes.append(Node(**{**raw, "outputs": outputs, "inputs": inputs}))
+        refs = lambda xs: [None if r is None else tuple(r) for r in xs]  # noqa: E731
+        return cls(
+            nodes,
+            list(data["param_names"]),
+            list(data["buffer_names"]),
+            refs(data["model_outputs"]),
+            refs(data["param_grads"]),
+        )

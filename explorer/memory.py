@@ -1,0 +1,221 @@
+"""Measuring the memory and time of one training step, on CPU as on GPU.
+
+On GPU the caching allocator already counts every byte, so we read its statistics. On CPU
+there is no such counter, so `LiveBytesTracker` watches every ATen operator through a
+`TorchDispatchMode` and adds up the bytes of the tensor storages that are alive.
+
+What the CPU meter does not see: memory that kernels allocate for themselves rather than as
+tensors. The largest such item is oneDNN's scratch memory in convolutions (mostly the
+convolution backward): at small batches and thread counts it can be tens of MiB that only
+`torch.profiler` (``profile_memory=True``) reports. Nor does it see the Python objects, the
+allocator's caches or anything created before the tracker was entered. It counts tensors, the
+same quantity the solver plans, so it is the meter to compare predictions against; report the
+profiler beside it when the gap matters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["LiveBytesTracker", "StepMeasurement", "measure_step", "tensor_bytes", "time_step"]
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (tied weights and views count once)."""
+    storages = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        storages[id(storage)] = storage
+    return sum(storage.nbytes() for storage in storages.values())
+
+
+class _NewStorageMode(TorchDispatchMode):
+    """Hands every operator's inputs and outputs to the tracker that owns this mode."""
+
+    def __init__(self, on_op: Callable[[Any, Any], None]) -> None:
+        super().__init__()
+        self._on_op = on_op
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self._on_op((args, kwargs), out)
+        return out
+
+
+class LiveBytesTracker:
+    """Context manager: live and peak tensor bytes allocated inside the block.
+
+    ``current_bytes`` and ``peak_bytes`` are relative to entry: tensors that existed before
+    ``__enter__`` are not counted, and freeing them does not lower the count. After
+    ``__exit__`` both numbers stay as they were at exit.
+
+    CPU (``device="cpu"``): every operator's output storages that are new (not an input's
+    storage, so views and in-place results do not count twice) are counted at their full
+    ``nbytes()`` and uncounted when the storage is freed. Since PyTorch 2.1 a storage keeps
+    one Python object for its whole life, so a ``weakref.finalize`` on
+    ``tensor.untyped_storage()`` fires exactly when the memory is released, whichever tensor
+    or view held it last. Operators run by the autograd engine (gradients, their
+    accumulation, ``autograd.Function.backward``) are seen, because the engine runs CPU work
+    on the calling thread with the caller's dispatch modes. Not seen: kernel scratch memory
+    (oneDNN convolution workspace), non-tensor allocations, and code that bypasses the
+    dispatcher. The mode costs some Python per operator, so time steps without it.
+
+    CUDA (``device="cuda"``): ``torch.cuda.memory_allocated`` and ``max_memory_allocated``
+    minus what was allocated at entry (this sees everything the caching allocator hands out,
+    workspaces included), and ``peak_reserved_bytes`` from ``max_memory_reserved``: what the
+    allocator held at most, which is what decides an out-of-memory error. Entering resets
+    the process-wide peak statistics of that device.
+    """
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self._lock = threading.RLock()
+        self._live: dict[int, tuple[int, weakref.finalize]] = {}
+        self._mode: _NewStorageMode | None = None
+        self._active = False
+        self._current = 0
+        self._peak = 0
+        self._cuda_base = 0
+        self._reserved_peak: int | None = None
+
+    @property
+    def _is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def __enter__(self) -> LiveBytesTracker:
+        if self._active:
+            raise RuntimeError("LiveBytesTracker is not reentrant")
+        self._active = True
+        self._current = self._peak = 0
+        if self._is_cuda:
+            torch.cuda.synchronize(self.device)
+            self._cuda_base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._mode = _NewStorageMode(self._record_outputs)
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._is_cuda:
+            self._read_cuda()
+        else:
+            self._mode.__exit__(*exc_info)
+            self._mode = None
+            self._forget_storages()
+        self._active = False
+
+    @property
+    def current_bytes(self) -> int:
+        """Bytes allocated inside the block and still alive (at exit, once exited)."""
+        if self._active and self._is_cuda:
+            self._read_cuda()
+        return self._current
+
+    @property
+    def peak_bytes(self) -> int:
+        """Most bytes alive at once since entry or the last ``reset_peak()``."""
+        if self._active and self._is_cuda:
+            self._read_cuda()
+        return self._peak
+
+    @property
+    def peak_reserved_bytes(self) -> int | None:
+        """CUDA only: the caching allocator's peak reservation (absolute); None on CPU."""
+        if self._active and self._is_cuda:
+            self._read_cuda()
+        return self._reserved_peak
+
+    def reset_peak(self) -> None:
+        """Start a new peak from what is alive now, e.g. to measure only the backward."""
+        if self._is_cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._read_cuda()
+        with self._lock:
+            self._peak = self._current
+
+    def _read_cuda(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self._current = torch.cuda.memory_allocated(self.device) - self._cuda_base
+        self._peak = torch.cuda.max_memory_allocated(self.device) - self._cuda_base
+        self._reserved_peak = torch.cuda.max_memory_reserved(self.device)
+
+    def _record_outputs(self, inputs: Any, outputs: Any) -> None:
+        """Count each output storage that no input owns and that is not counted yet."""
+        input_storages = {id(t.untyped_storage()) for t in _tensors(inputs)}
+        for tensor in _tensors(outputs):
+            storage = tensor.untyped_storage()
+            key = id(storage)
+            if key in input_storages or key in self._live or storage.device != self.device:
+                continue
+            nbytes = storage.nbytes()
+            if nbytes:
+                self._add(key, nbytes, weakref.finalize(storage, self._remove, key))
+
+    def _add(self, key: int, nbytes: int, finalizer: weakref.finalize) -> None:
+        with self._lock:
+            self._live[key] = (nbytes, finalizer)
+            self._current += nbytes
+            self._peak = max(self._peak, self._current)
+
+    def _remove(self, key: int) -> None:
+        """Finalizer: the storage was freed. The id cannot be reused before this runs."""
+        with self._lock:
+            nbytes, _ = self._live.pop(key)
+            self._current -= nbytes
+
+    def _forget_storages(self) -> None:
+        """Stop watching: later frees must not call back into an exited tracker."""
+        with self._lock:
+            for _, finalizer in self._live.values():
+                finalizer.detach()
+            self._live.clear()
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """One step's peak bytes (above what existed before it) and wall-clock seconds."""
+
+    peak_bytes: int
+    seconds: float
+
+
+def time_step(step_fn: Callable[[], None], device: str | torch.device = "cpu") -> float:
+    """Seconds for one call of `step_fn`; on CUDA, synchronized so queued kernels count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    step_fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure_step(
+    step_fn: Callable[[], None], device: str | torch.device = "cpu"
+) -> StepMeasurement:
+    """Run `step_fn` once under a `LiveBytesTracker` and time it.
+
+    The time includes the CPU tracker's per-operator cost; use `time_step` for timing alone.
+    """
+    with LiveBytesTracker(device) as tracker:
+        seconds = time_step(step_fn, device)
+    return StepMeasurement(tracker.peak_bytes, seconds)

@@ -1,0 +1,100 @@
+"""Replay a step program and account memory exactly as the runtime will hold it.
+
+Memory is counted in storages: a view shares its base's storage, and a storage is freed when
+the last value using it is cleared. Parameters, buffers and inputs are the static part. Model
+outputs stay alive through the backward (the user's loss holds them); tangents (the gradients
+of the outputs) are alive for the whole backward (autograd holds them while our backward runs).
+The timeline has one entry per operator: the bytes alive just after it ran, before its dead
+inputs are cleared, which is when an operator's memory peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from explorer.graph import PLACEHOLDER, ROLE_TANGENT, Graph
+from explorer.program import Instr, StepProgram
+
+
+@dataclass
+class Timeline:
+    """Bytes alive after each operator of a step, forward then backward."""
+
+    steps: list[int]
+    labels: list[str]
+    phase: list[str]  # "forward" | "backward" | "recompute"
+    static_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.steps, default=self.static_bytes)
+
+    @property
+    def forward_end(self) -> int:
+        """Index of the first backward entry."""
+        return self.phase.index("backward") if "backward" in self.phase else len(self.phase)
+
+
+class _Storages:
+    """Reference-counted storages behind slots."""
+
+    def __init__(self) -> None:
+        self.bytes_of: dict[int, int] = {}
+        self.refs: dict[int, int] = {}
+        self.storage_of_slot: dict[int, int] = {}
+        self.live = 0
+
+    def bind(self, slot: int, nbytes: int, alias_slot: int | None) -> None:
+        if alias_slot is not None and alias_slot in self.storage_of_slot:
+            sid = self.storage_of_slot[alias_slot]
+        else:
+            sid = len(self.bytes_of)
+            self.bytes_of[sid] = nbytes
+            self.refs[sid] = 0
+            self.live += nbytes
+        self.refs[sid] += 1
+        old = self.storage_of_slot.get(slot)
+        self.storage_of_slot[slot] = sid
+        if old is not None:
+            self._drop(old)
+
+    def clear(self, slot: int) -> None:
+        sid = self.storage_of_slot.pop(slot, None)
+        if sid is not None:
+            self._drop(sid)
+
+    def _drop(self, sid: int) -> None:
+        self.refs[sid] -= 1
+        if self.refs[sid] == 0:
+            self.live -= self.bytes_of[sid]
+
+
+def _run(graph: Graph, instrs: list[Instr], mem: _Storages, timeline: Timeline, tag: str) -> None:
+    for instr in instrs:
+        node = graph.node(instr.node)
+        for slot, meta in zip(instr.out_slots, node.outputs, strict=True):
+            if slot is None or meta is None:
+                continue
+            alias = instr.in_slots[meta.alias_of] if meta.alias_of is not None else None
+            mem.bind(slot, meta.nbytes, alias)
+        timeline.steps.append(mem.live)
+        timeline.labels.append(instr.node)
+        timeline.phase.append("recompute" if instr.recompute else tag)
+        for slot in instr.frees:
+            mem.clear(slot)
+
+
+def simulate(graph: Graph, program: StepProgram) -> Timeline:
+    """Memory timeline of one training step under `program`."""
+    mem = _Storages()
+    for node in graph.nodes:
+        if node.phase == PLACEHOLDER and node.role != ROLE_TANGENT and node.outputs[0]:
+            mem.bind(program.slot_of[(node.name, 0)], node.outputs[0].nbytes, None)
+    timeline = Timeline([], [], [], mem.live)
+    _run(graph, program.forward, mem, timeline, "forward")
+    for node in graph.placeholders(ROLE_TANGENT):
+        mem.bind(program.slot_of[(node.name, 0)], node.out_bytes, None)
+    for slot in program.unread_saved:
+        mem.clear(slot)
+    _run(graph, program.backward, mem, timeline, "backward")
+    return timeline

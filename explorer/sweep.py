@@ -1,0 +1,179 @@
+"""Sweep budgets from the feasible minimum to the no-recompute peak; keep the Pareto front.
+
+A front is plain data: it saves to JSON (`front.json`, see DESIGN.md) with every point's
+schedule inside, so exporting a point later needs neither the model nor a re-solve.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from explorer.errors import UserError
+from explorer.files import read_json, write_atomic
+from explorer.progress import CancelToken, ProgressFn, check_cancel, report
+from explorer.schedule import Schedule
+from explorer.solve import Solver
+from explorer.units import format_bytes, parse_budget
+
+SCHEMA = 1
+
+
+@dataclass
+class FrontPoint:
+    """One solved budget."""
+
+    budget_bytes: int
+    predicted_peak_bytes: int
+    predicted_overhead: float
+    solve_seconds: float
+    gap: float
+    status: str
+    recomputed: list[str]
+    schedule: Schedule
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> FrontPoint:
+        return cls(
+            budget_bytes=int(schedule.budget_bytes or schedule.predicted_peak_bytes),
+            predicted_peak_bytes=schedule.predicted_peak_bytes,
+            predicted_overhead=schedule.predicted_overhead,
+            solve_seconds=schedule.solve_seconds,
+            gap=schedule.gap,
+            status=schedule.status,
+            recomputed=list(schedule.recomputed),
+            schedule=schedule,
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_overhead": self.predicted_overhead,
+            "solve_seconds": self.solve_seconds,
+            "gap": self.gap,
+            "status": self.status,
+            "recomputed": self.recomputed,
+            "schedule": self.schedule.to_dict(),
+        }
+
+
+@dataclass
+class Front:
+    """Pareto-optimal schedules, ascending in peak (and so descending in overhead)."""
+
+    model: dict
+    fingerprint: str
+    baseline_peak_bytes: int
+    baseline_step_seconds: float
+    fixed_bytes: int  # parameters, buffers, inputs and parameter gradients
+    points: list[FrontPoint]
+    setup: dict = field(default_factory=dict)
+    context: object | None = field(default=None, repr=False)
+
+    def at_budget(self, budget: int | str | float) -> Schedule:
+        """The least-overhead solved point whose predicted peak fits `budget`."""
+        limit = parse_budget(budget, self.baseline_peak_bytes, self.fixed_bytes)
+        fitting = [p for p in self.points if p.predicted_peak_bytes <= limit]
+        if not fitting:
+            lowest = min(p.predicted_peak_bytes for p in self.points)
+            raise UserError(
+                f"budget {format_bytes(limit)} is below the front's minimum "
+                f"{format_bytes(lowest)} ({lowest} bytes)"
+            )
+        best = min(fitting, key=lambda p: (p.predicted_overhead, p.predicted_peak_bytes))
+        chosen = Schedule.from_dict(best.schedule.to_dict())
+        chosen.context = self.context
+        return chosen
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "baseline": {
+                "peak_bytes": self.baseline_peak_bytes,
+                "step_seconds": self.baseline_step_seconds,
+                "fixed_bytes": self.fixed_bytes,
+            },
+            "setup": self.setup,
+            "points": [p.to_dict() for p in self.points],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        return write_atomic(Path(path), json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Front:
+        """Read a front.json; a corrupt or foreign file is a UserError naming it."""
+        data = read_json(Path(path), what="front")
+        if data.get("schema") != SCHEMA:
+            raise UserError(f"{path}: not a front.json of schema {SCHEMA}")
+        try:
+            points = [_point_from_dict(p) for p in data["points"]]
+            front = cls(
+                model=dict(data["model"]),
+                fingerprint=str(data["fingerprint"]),
+                baseline_peak_bytes=int(data["baseline"]["peak_bytes"]),
+                baseline_step_seconds=float(data["baseline"]["step_seconds"]),
+                fixed_bytes=int(data["baseline"]["fixed_bytes"]),
+                points=points,
+                setup=dict(data.get("setup", {})),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc
+        if not points:
+            raise UserError(f"{path}: the front has no points")
+        if any(p.schedule.fingerprint != front.fingerprint for p in points):
+            raise UserError(f"{path}: its schedules were made for another graph than the front")
+        return front
+
+
+def _point_from_dict(data: dict) -> FrontPoint:
+    schedule = Schedule.from_dict(data["schedule"])
+    return FrontPoint(
+        budget_bytes=int(data["budget_bytes"]),
+        predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+        predicted_overhead=float(data["predicted_overhead"]),
+        solve_seconds=float(data["solve_seconds"]),
+        gap=float(data["gap"]),
+        status=str(data["status"]),
+        recomputed=list(data.get("recomputed", [])),
+        schedule=schedule,
+    )
+
+
+def pareto(points: list[FrontPoint]) -> list[FrontPoint]:
+    """Keep points that no other point beats in both peak and overhead."""
+    kept: list[FrontPoint] = []
+    for point in sorted(points, key=lambda p: (p.predicted_peak_bytes, p.predicted_overhead)):
+        if not kept or point.predicted_overhead < kept[-1].predicted_overhead - 1e-12:
+            kept.append(point)
+    return kept
+
+
+def sweep_budgets(
+    solver: Solver,
+    points: int,
+    *,
+    progress: ProgressFn | None = None,
+    on_point: Callable[[FrontPoint], None] | None = None,
+    cancel: CancelToken | None = None,
+) -> list[FrontPoint]:
+    """Solve `points` budgets evenly spaced from the feasible minimum to the baseline peak."""
+    if points < 2:
+        raise UserError("a sweep needs at least 2 points")
+    low = solver.minimum().predicted_peak_bytes
+    high = solver.baseline.predicted_peak_bytes
+    solved: list[FrontPoint] = []
+    for k in range(points):
+        check_cancel(cancel)
+        budget = int(low + (high - low) * k / (points - 1))
+        point = FrontPoint.of(solver.solve(budget))
+        solved.append(point)
+        if on_point is not None:
+            on_point(point)
+        report(progress, k + 1, points, f"budget {format_bytes(budget)}")
+    return pareto(solved)

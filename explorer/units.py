@@ -1,0 +1,61 @@
+"""Byte counts for people: parse "4GB", "512MiB" or a fraction; print them short."""
+
+from __future__ import annotations
+
+import re
+
+from explorer.errors import UserError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_budget(text: str | int | float, baseline_bytes: int, fixed_bytes: int = 0) -> int:
+    """Bytes from "4GB", "512MiB", "123456", or a fraction such as 0.5.
+
+    A fraction is of the memory recomputation can act on: `fixed_bytes` (parameters, buffers,
+    inputs and parameter gradients, which every schedule holds at the end of the backward)
+    plus that fraction of what the no-recompute peak `baseline_bytes` needs beyond them. So
+    0.5 keeps half the activation memory, and 1.0 is the no-recompute peak.
+    """
+    if isinstance(text, bool):
+        raise UserError(f"budget {text!r} is not a size")
+    if isinstance(text, int):
+        return _positive(text, text)
+    if isinstance(text, float):
+        return _fraction(text, baseline_bytes, fixed_bytes)
+    raw = str(text).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", raw)
+    if not match:
+        raise UserError(f"budget {raw!r} is not a size: use e.g. 4GB, 512MiB or a fraction 0.5")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "" and "." in match.group(1):
+        return _fraction(number, baseline_bytes, fixed_bytes)
+    if unit not in _UNITS:
+        raise UserError(f"budget {raw!r}: unknown unit {match.group(2)!r} (use B, MB, MiB, GB, GiB)")
+    return _positive(int(number * _UNITS[unit]), raw)
+
+
+def _fraction(value: float, baseline_bytes: int, fixed_bytes: int) -> int:
+    if not 0 < value <= 1:
+        raise UserError(f"budget fraction {value} must be in (0, 1]")
+    return int(fixed_bytes + value * max(baseline_bytes - fixed_bytes, 0))
+
+
+def _positive(value: int, raw: object) -> int:
+    if value <= 0:
+        raise UserError(f"budget {raw!r} must be positive")
+    return value
+
+
+def format_bytes(n: int | float) -> str:
+    """Short human form, binary units: 1536 -> '1.5 KiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
