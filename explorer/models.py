@@ -47,8 +47,21 @@ TORCHVISION_SIZE_KWARGS: dict[str, Callable[[int], dict[str, object]]] = {
     "maxvit_": lambda s: {"input_size": (s, s)},
 }
 
-# Smallest --input-size that gets through a training step (measured; see build's probe).
-TORCHVISION_MIN_SIZES: dict[str, int] = {}
+# Smallest input size (by name prefix) that gets through a training step at batch 2,
+# measured with torchvision 0.29; the rest take any size. inception_v3 needs 299 for its
+# auxiliary classifier (kept, as in training). vit_* take multiples of the patch size
+# (16, 32 or 14) and maxvit_t sizes 221..224 (mod 224): their builders reject the rest.
+TORCHVISION_MIN_SIZES = {
+    "alexnet": 63,
+    "convnext_": 32,
+    "densenet": 29,
+    "googlenet": 15,
+    "inception_v3": 299,
+    "squeezenet1_0": 21,
+    "squeezenet1_1": 17,
+    "swin_": 4,
+    "vgg": 32,
+}
 
 _Layer = TypeVar("_Layer", bound=nn.Module)
 _BN_BATCH_ONE = "Expected more than 1 value per channel when training"
@@ -152,7 +165,7 @@ def _make_torchvision(name: str, input_size: int | None) -> _Made:
         raise UserError(f"unknown model {name!r}; {_suggest(name, list_specs())} {LISTING_HINT}")
     default = TORCHVISION_DEFAULT_SIZES.get(name, TORCHVISION_DEFAULT_SIZE)
     size = input_size or default
-    smallest = TORCHVISION_MIN_SIZES.get(name, 1)
+    smallest = next((n for p, n in TORCHVISION_MIN_SIZES.items() if name.startswith(p)), 1)
     if size < smallest:
         raise UserError(f"{name} needs --input-size {smallest} or more, not {size}")
     kwargs: dict[str, object] = {"weights": None}
