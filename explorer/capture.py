@@ -160,6 +160,8 @@ def _output_metas(node: fx.Node) -> list[TensorMeta | None]:
     val = node.meta.get("val")
     vals = list(val) if isinstance(val, (tuple, list)) else [val]
     aliases = _alias_positions(node)
+    if isinstance(val, list) and _returns_view_list(node):  # split, unbind, chunk: all views
+        aliases = [0] * len(vals)
     metas: list[TensorMeta | None] = []
     for i, v in enumerate(vals):
         if not isinstance(v, torch.Tensor):
@@ -169,6 +171,12 @@ def _output_metas(node: fx.Node) -> list[TensorMeta | None]:
         nbytes = 0 if alias is not None else _storage_bytes(v)
         metas.append(TensorMeta(tuple(int(s) for s in v.shape), str(v.dtype), nbytes, alias))
     return metas
+
+
+def _returns_view_list(node: fx.Node) -> bool:
+    """True for ops whose schema returns a list of views of their first argument."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and len(schema.returns) == 1 and "Tensor(a)[]" in str(schema)
 
 
 def _tensor_args(node: fx.Node) -> list[fx.Node]:

@@ -54,19 +54,30 @@ class Step:
 class ChainTable:
     """The solved table for all budgets up to `units * unit_bytes`."""
 
-    def __init__(self, costs: list[StageCosts], unit_bytes: int, units: int) -> None:
+    def __init__(
+        self, costs: list[StageCosts], fresh_bytes: list[list[int]], unit_bytes: int, units: int
+    ) -> None:
         self.costs = costs
         self.unit = unit_bytes
         self.units = units
         k = len(costs)
-        self.best: dict[tuple[int, int], np.ndarray] = {}
-        self.choice: dict[tuple[int, int], np.ndarray] = {}
-        self._u = lambda b: int(-(-int(b) // unit_bytes))  # ceil to units
+        u = self._u
+        self.best = np.full((k, k, units + 1), INF, dtype=np.float64)
+        self.choice = np.full((k, k, units + 1), -1, dtype=np.int32)
         self._prefix = np.concatenate([[0.0], np.cumsum([c.forward_seconds for c in costs])])
         self._pg = np.concatenate([[0], np.cumsum([c.param_grads for c in costs])])
+        self._x = np.array([u(c.x) for c in costs], dtype=np.int64)
+        # fresh[s, j]: units of F_{j-1} not already in F_{s-1} (those are held by the caller)
+        self._fresh = np.array([[u(b) for b in row] for row in fresh_bytes], dtype=np.int64)
+        self._fpeak = np.array([u(c.forward_peak) for c in costs], dtype=np.int64)
+        self._m = np.arange(units + 1)
         for length in range(k):
             for s in range(k - length):
                 self._fill(s, s + length)
+
+    def _u(self, nbytes: float) -> int:
+        """Bytes to memory units, rounded up (the table never under-counts)."""
+        return int(-(-int(nbytes) // self.unit))
 
     def _shift(self, arr: np.ndarray, d: int) -> np.ndarray:
         out = np.full(self.units + 1, INF)
@@ -74,8 +85,12 @@ class ChainTable:
             out[d:] = arr[: self.units + 1 - d]
         return out
 
-    def _at_least(self, need: int) -> np.ndarray:
-        return np.arange(self.units + 1) >= need
+    def _shift_rows(self, rows: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+        """Row r shifted right by shifts[r] (inf where nothing shifts in)."""
+        idx = self._m[None, :] - shifts[:, None]
+        out = np.take_along_axis(rows, np.clip(idx, 0, self.units), axis=1)
+        out[idx < 0] = INF
+        return out
 
     def _pg_units(self, lo: int, hi: int) -> int:
         """Parameter-gradient units made by stages lo..hi (inclusive)."""
@@ -84,36 +99,46 @@ class ChainTable:
     def _fill(self, s: int, t: int) -> None:
         u, c = self._u, self.costs
         best = np.full(self.units + 1, INF)
-        choice = np.full(self.units + 1, -1, dtype=np.int64)
+        choice = np.full(self.units + 1, -1, dtype=np.int32)
         g_t = u(c[t].g)
         for o, opt in enumerate(c[s].options):
             keep, bpeak = u(opt.keep_bytes), u(opt.peak_bytes)
             cost = c[s].forward_seconds + c[s].backward_seconds + opt.redo_seconds
-            first = g_t + keep + u(c[s].forward_peak)
+            first = g_t + keep + self._fpeak[s]
             if s == t:
-                total = np.where(self._at_least(max(first, bpeak)), cost, INF)
+                total = np.where(self._m >= max(first, bpeak), cost, INF)
             else:
-                rest = self._shift(self.best[(s + 1, t)], keep + u(c[s].x))
-                fits = self._at_least(max(first, bpeak + self._pg_units(s + 1, t)))
+                held = keep + self._fresh[s, s + 1] - u(opt.output_bytes)  # F_s counted once
+                rest = self._shift(self.best[s + 1, t], held)
+                fits = self._m >= max(first, bpeak + self._pg_units(s + 1, t))
                 total = np.where(fits, cost + rest, INF)
             better = total < best
             best[better], choice[better] = total[better], o
-        n_opt = len(c[s].options)
-        sweep_peak = 0
-        for j in range(s + 1, t + 1):
-            k = j - 1
-            sweep_peak = max(sweep_peak, (u(c[k - 1].x) if k > s else 0) + u(c[k].forward_peak))
-            fits = self._at_least(g_t + sweep_peak)
-            later = self._shift(self.best[(j, t)], u(c[j - 1].x))
-            again = self._shift(self.best[(s, j - 1)], self._pg_units(j, t))
-            total = np.where(fits, self._prefix[j] - self._prefix[s] + later + again, INF)
-            better = total < best
-            best[better], choice[better] = total[better], n_opt + j
-        self.best[(s, t)], self.choice[(s, t)] = best, choice
+        if s < t:
+            self._checkpoint_starts(s, t, g_t, best, choice)
+        self.best[s, t], self.choice[s, t] = best, choice
+
+    def _checkpoint_starts(self, s, t, g_t, best, choice) -> None:
+        """Every split j in s+1..t at once: forward s..j-1 keeping nothing, solve j..t from
+        F_{j-1}, then s..j-1 again from F_{s-1}."""
+        js = np.arange(s + 1, t + 1)
+        inputs = np.concatenate([[0], self._x[s : t - 1]])  # F_{k-1} alive while k runs, k > s
+        sweep_peak = np.maximum.accumulate(inputs + self._fpeak[s:t])
+        grads_after = -(-(self._pg[t + 1] - self._pg[js]) // self.unit)  # units, rounded up
+        later = self._shift_rows(self.best[js, t], self._fresh[s, js])
+        again = self._shift_rows(self.best[s, js - 1], grads_after)
+        forward = (self._prefix[js] - self._prefix[s])[:, None]
+        total = forward + later + again
+        total[self._m[None, :] < (g_t + sweep_peak)[:, None]] = INF
+        pick = np.argmin(total, axis=0)
+        value = total[pick, self._m]
+        better = value < best
+        best[better] = value[better]
+        choice[better] = len(self.costs[s].options) + js[pick[better]]
 
     def min_units(self) -> int | None:
         """The fewest memory units with which the whole chain can be run, if any."""
-        feasible = np.nonzero(np.isfinite(self.best[(0, len(self.costs) - 1)]))[0]
+        feasible = np.nonzero(np.isfinite(self.best[0, len(self.costs) - 1]))[0]
         return int(feasible[0]) if len(feasible) else None
 
     def sequence(self, m: int) -> list[Step]:
@@ -124,7 +149,7 @@ class ChainTable:
 
     def _emit(self, s: int, t: int, m: int, steps: list[Step]) -> None:
         u, c = self._u, self.costs
-        code = int(self.choice[(s, t)][m])
+        code = int(self.choice[s, t, m])
         if code < 0:
             raise ValueError("no schedule fits this memory")
         n_opt = len(c[s].options)
@@ -132,12 +157,13 @@ class ChainTable:
             opt = c[s].options[code]
             steps.append(Step("forward_keep", s, code))
             if s < t:
-                self._emit(s + 1, t, m - u(opt.keep_bytes) - u(c[s].x), steps)
+                held = u(opt.keep_bytes) + int(self._fresh[s, s + 1]) - u(opt.output_bytes)
+                self._emit(s + 1, t, m - held, steps)
             steps.append(Step("backward", s, code))
             return
         j = code - n_opt
         steps.extend(Step("forward", k) for k in range(s, j))
-        self._emit(j, t, m - u(c[j - 1].x), steps)
+        self._emit(j, t, m - int(self._fresh[s, j]), steps)
         self._emit(s, j - 1, m - self._pg_units(j, t), steps)
 
 
@@ -157,6 +183,20 @@ def stage_costs(chain: Chain, options: list[list[StageOption]]) -> list[StageCos
             )
         )
     return costs
+
+
+def fresh_frontier_bytes(chain: Chain) -> list[list[int]]:
+    """fresh[s][j] = bytes of F_{j-1} that are not in F_{s-1} (for s < j; 0 elsewhere).
+
+    A checkpoint at F_{j-1} taken while F_{s-1} is held only costs what is new: tensors that
+    a skip connection carries across several stages are paid for once."""
+    k = len(chain.stages)
+    frontiers = [set()] + [set(stage.outputs) for stage in chain.stages]  # frontiers[i] = F_{i-1}
+    fresh = [[0] * (k + 1) for _ in range(k)]
+    for s in range(k):
+        for j in range(s + 1, k + 1):
+            fresh[s][j] = chain.bytes_of(sorted(frontiers[j] - frontiers[s]))
+    return fresh
 
 
 def _forward_peak(chain: Chain, index: int) -> int:

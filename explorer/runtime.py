@@ -84,18 +84,30 @@ class _RematStep(torch.autograd.Function):
         program = runner.program
         slots = runner.fresh_slots(ctx.static)
         saved, ctx.saved = ctx.saved, None  # the slots become the only owners: frees are real
-        for slot, tensor in saved.items():
-            slots[slot] = tensor
+        _fill_backward_slots(slots, program, runner.diff_outputs, saved, grad_outputs)
         del saved
-        for slot, i in zip(program.tangent_slots, runner.diff_outputs, strict=True):
-            grad = grad_outputs[i]
-            slots[slot] = grad if grad.is_contiguous() else grad.contiguous()
-        for slot in program.unread_saved:
-            slots[slot] = None
         run(program.backward, slots, runner.ops)
         grads = [None if s is None else slots[s] for s in program.grad_slots]
         n_inputs = len(ctx.static) - runner.param_count - len(runner.capture.graph.buffer_names)
         return (None, None, *grads, *([None] * n_inputs))
+
+
+def _fill_backward_slots(
+    slots: Slots,
+    program: StepProgram,
+    diff_outputs: list[int],
+    saved: dict[int, torch.Tensor],
+    grad_outputs: tuple[torch.Tensor, ...],
+) -> None:
+    """Put saved tensors and tangents into their slots. A function of its own so that no loop
+    variable in the caller's frame keeps a tensor alive after its slot is cleared."""
+    for slot, tensor in saved.items():
+        slots[slot] = tensor
+    for slot, i in zip(program.tangent_slots, diff_outputs, strict=True):
+        grad = grad_outputs[i]
+        slots[slot] = grad if grad.is_contiguous() else grad.contiguous()
+    for slot in program.unread_saved:
+        slots[slot] = None
 
 
 def _describe(made_for: dict) -> str:

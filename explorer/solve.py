@@ -19,7 +19,7 @@ from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph, ValueRef
 from explorer.profile import Profile
 from explorer.program import baseline_schedule, check_program, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
-from explorer.rotor import ChainTable, Step, stage_costs
+from explorer.rotor import ChainTable, Step, fresh_frontier_bytes, stage_costs
 from explorer.schedule import Schedule
 from explorer.simulate import simulate
 from explorer.stage_ilp import StageOption, StageProblem, build_problem, keep_all_option, solve_option
@@ -62,6 +62,7 @@ class Solver:
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
         started = time.perf_counter()
         self.options = self._stage_options(time_limit, progress, cancel)
+        _output_overlap(self.chain, self.options)
         ilp_seconds = time.perf_counter() - started
         started = time.perf_counter()
         self.baseline = self.evaluate(baseline_schedule(graph))
@@ -70,7 +71,10 @@ class Solver:
         self.fixed_bytes = graph.static_bytes() + grads  # no schedule can go below this
         span = max(self.baseline.predicted_peak_bytes - self.context_bytes, 1) * 2
         self.table = ChainTable(
-            stage_costs(self.chain, self.options), -(-span // TABLE_UNITS), TABLE_UNITS
+            stage_costs(self.chain, self.options),
+            fresh_frontier_bytes(self.chain),
+            -(-span // TABLE_UNITS),
+            TABLE_UNITS,
         )
         flat = [o for opts in self.options for o in opts]
         self.setup = SetupReport(
@@ -100,6 +104,8 @@ class Solver:
     def _solve_stage(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
         keep_all = keep_all_option(problem)
         options = [keep_all]
+        if keep_all.keep_bytes == 0:
+            return options
         for fraction in KEEP_FRACTIONS:
             self._ilps += 1
             option = solve_option(problem, int(keep_all.keep_bytes * fraction), time_limit)
@@ -202,6 +208,15 @@ def _translate(solved: tuple[StageProblem, list[StageOption]], problem: StagePro
         out.append(StageOption(keep, redo, o.keep_bytes, o.peak_bytes, o.redo_seconds,
                                o.status, o.gap, o.solve_seconds))
     return out
+
+
+def _output_overlap(chain: Chain, options: list[list[StageOption]]) -> None:
+    """Record, per option, the kept bytes that are also the stage's output frontier, so the
+    table charges those tensors once."""
+    for stage, opts in zip(chain.stages, options, strict=True):
+        outputs = set(stage.outputs) - set(stage.inputs)
+        for option in opts:
+            option.output_bytes = chain.bytes_of([r for r in option.keep if r in outputs])
 
 
 def _slice(graph: Graph, stage: Stage, targets: set[ValueRef], pinned: set[ValueRef]) -> list[str]:

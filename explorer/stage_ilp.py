@@ -3,7 +3,8 @@ recompute, and when, so that its backward's memory stays low and the extra compu
 
 Time steps are the stage's backward operators, in order. Variables (PuLP, solved by CBC):
 
-- `keep[v]` (binary): tensor v stays alive from the forward into this stage's backward;
+- `keep[v]` (binary): tensor v stays alive from the forward into this stage's backward (the
+  stage's inputs cost nothing here: the chain's table keeps them as the stage's checkpoint);
 - `redo[t, a]` (binary): forward operator a is recomputed right before backward step t;
 - `live[t, v]` (in [0, 1]): v is alive at step t. It can only be alive if it was alive at
   t-1 or is recomputed at t; it must be alive where a backward step or a recomputation
@@ -38,9 +39,10 @@ class StageOption:
 
     keep: list[ValueRef]
     redo: list[list[str]]  # per backward step: forward nodes recomputed right before it
-    keep_bytes: int
+    keep_bytes: int  # the stage's inputs excluded: the chain keeps those
     peak_bytes: int  # the stage backward's peak, kept tensors and gradients included
     redo_seconds: float
+    output_bytes: int = 0  # of keep_bytes, what is also the stage's output frontier
     status: str = "optimal"
     gap: float = 0.0
     solve_seconds: float = 0.0
@@ -112,7 +114,8 @@ def _storage(chain: Chain, values, index, inputs):
     for ref in values:
         own = chain.owner.get(ref)
         owner.append(index.get(own) if own is not None else None)
-        nbytes.append(graph.meta(ref).nbytes if own is None else 0)
+        # a stage's inputs are the chain's checkpoint, alive and paid for by the chain's table
+        nbytes.append(graph.meta(ref).nbytes if own is None and ref not in inputs else 0)
         maker.append(None if ref in inputs else ref[0])
     return owner, nbytes, maker
 
