@@ -208,8 +208,10 @@ def _alias_positions(node: fx.Node) -> list[int | None]:
             positions.append(None)
             continue
         # map schema argument index to the index among this node's tensor inputs
-        arg_value = node.args[match] if match < len(node.args) else node.kwargs.get(
-            schema.arguments[match].name
+        arg_value = (
+            node.args[match]
+            if match < len(node.args)
+            else node.kwargs.get(schema.arguments[match].name)
         )
         positions.append(tensor_args.index(arg_value) if arg_value in tensor_args else None)
     return positions

@@ -36,7 +36,9 @@ def _default_device() -> str:
 def _tqdm_progress(desc: str) -> tuple[Callable[[int, int, str], None], Callable[[], None]]:
     from tqdm import tqdm
 
-    bar = tqdm(desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
+    bar = tqdm(
+        desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True, disable=None
+    )  # None: shown on a terminal, silent in logs
 
     def update(done: int, total: int, _message: str) -> None:
         bar.total = total
@@ -56,18 +58,18 @@ def _planner(args: argparse.Namespace):
 
 
 def _profile(plan, out: Path):
+    """Profile into OUT/profile.json, or reuse the one there. One made for another graph or
+    device, or a corrupt one, is refused rather than overwritten."""
     from explorer.profile import Profile
 
     path = out / "profile.json"
     graph = plan.capture()
     if path.exists():
-        try:
-            plan.use_profile(Profile.load(path, fingerprint=graph.fingerprint(),
-                                          device=str(plan.device)))
-            print(f"reusing {path}", file=sys.stderr)
-            return plan.profile()
-        except UserError as err:
-            print(f"not reusing {path}: {err}", file=sys.stderr)
+        plan.use_profile(
+            Profile.load(path, fingerprint=graph.fingerprint(), device=str(plan.device))
+        )
+        print(f"reusing {path}", file=sys.stderr)
+        return plan.profile()
     update, close = _tqdm_progress("profile")
     try:
         profile = plan.profile(progress=update)
@@ -89,8 +91,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out = Path(args.out)
     profile = _profile(plan, out)
     total = sum(profile.seconds.values())
-    print(f"profiled {len(profile.seconds)} operators on {profile.device_name}: "
-          f"{total:.3f} s per step; wrote {out / 'profile.json'}")
+    print(
+        f"profiled {len(profile.seconds)} operators on {profile.device_name}: "
+        f"{total:.3f} s per step; wrote {out / 'profile.json'}"
+    )
     return 0
 
 
@@ -107,25 +111,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     finally:
         close()
     setup = solver.setup
-    print(f"chain of {setup.stages} stages, {setup.distinct_stages} distinct: {setup.ilps} ILPs "
-          f"(CBC) in {setup.ilp_seconds:.2f} s, table in {setup.table_seconds:.2f} s")
-    print(f"{'budget':>12} {'predicted peak':>15} {'overhead':>9} {'solve s':>8} {'gap':>6}  status")
+    print(
+        f"chain of {setup.stages} stages, {setup.distinct_stages} distinct: {setup.ilps} ILPs "
+        f"(CBC) in {setup.ilp_seconds:.2f} s, table in {setup.table_seconds:.2f} s"
+    )
+    print(
+        f"{'budget':>12} {'predicted peak':>15} {'overhead':>9} {'solve s':>8} {'gap':>6}  status"
+    )
     update, close = _tqdm_progress("sweep")
 
     def row(point) -> None:
-        print(f"{format_bytes(point.budget_bytes):>12} "
-              f"{format_bytes(point.predicted_peak_bytes):>15} "
-              f"{point.predicted_overhead:>+9.1%} {point.solve_seconds:>8.3f} "
-              f"{point.gap:>6.2%}  {point.status}", flush=True)
+        print(
+            f"{format_bytes(point.budget_bytes):>12} "
+            f"{format_bytes(point.predicted_peak_bytes):>15} "
+            f"{point.predicted_overhead:>+9.1%} {point.solve_seconds:>8.3f} "
+            f"{point.gap:>6.2%}  {point.status}",
+            flush=True,
+        )
 
     try:
         front = plan.sweep(args.points, args.time_limit, progress=update, on_point=row)
     finally:
         close()
     front.save(out / "front.json")
-    print(f"front: {len(front.points)} Pareto points; no recomputation "
-          f"{format_bytes(front.baseline_peak_bytes)}; "
-          f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}")
+    print(
+        f"front: {len(front.points)} Pareto points; no recomputation "
+        f"{format_bytes(front.baseline_peak_bytes)}; "
+        f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}"
+    )
     return 0
 
 
@@ -136,8 +149,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     front = Front.load(args.front)
     schedule = front.at_budget(args.budget)
     path = write_module(schedule, front.model, args.out)
-    print(f"wrote {path}: predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
-          f"overhead {schedule.predicted_overhead:+.1%}")
+    print(
+        f"wrote {path}: predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
+        f"overhead {schedule.predicted_overhead:+.1%}"
+    )
     return 0
 
 
@@ -158,8 +173,12 @@ def cmd_app(args: argparse.Namespace) -> int:
 def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--model", required=required, help="resnet50, sample:unet, or pkg.mod:factory")
     p.add_argument("--batch-size", type=int, required=required)
-    p.add_argument("--input-size", type=int, default=None,
-                   help="image side or sequence length (default: the model's own)")
+    p.add_argument(
+        "--input-size",
+        type=int,
+        default=None,
+        help="image side or sequence length (default: the model's own)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,8 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write the schedule for a budget as a Python module")
     p.add_argument("--front", required=True, help="a front.json written by sweep")
-    p.add_argument("--budget", required=True,
-                   help="bytes (4GB, 512MiB) or a fraction of the activation memory (0.5)")
+    p.add_argument(
+        "--budget",
+        required=True,
+        help="bytes (4GB, 512MiB) or a fraction of the activation memory (0.5)",
+    )
     p.add_argument("--out", required=True, help="the .py file to write")
     p.set_defaults(func=cmd_export)
 
@@ -216,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # a bug: say so in one line, the traceback on request
         if os.environ.get("REMAT_EXPLORER_DEBUG"):
             raise
-        print(f"remat-explorer: internal error: {type(err).__name__}: {err} "
-              "(set REMAT_EXPLORER_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(
+            f"remat-explorer: internal error: {type(err).__name__}: {err} "
+            "(set REMAT_EXPLORER_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
 
 

@@ -106,8 +106,12 @@ class Planner:
         if time_limit not in self._solvers:
             profile = self.profile(cancel=cancel)
             self._solvers[time_limit] = Solver(
-                self.capture(), profile, time_limit=time_limit, max_stages=self.max_stages,
-                progress=progress, cancel=cancel,
+                self.capture(),
+                profile,
+                time_limit=time_limit,
+                max_stages=self.max_stages,
+                progress=progress,
+                cancel=cancel,
             )
         return self._solvers[time_limit]
 
@@ -121,8 +125,9 @@ class Planner:
     ) -> Front:
         """Solve `points` budgets from the feasible minimum to no recomputation."""
         solver = self.solver(time_limit, cancel=cancel)
-        found = sweep_budgets(solver, points, progress=progress, on_point=self._attach(on_point),
-                              cancel=cancel)
+        found = sweep_budgets(
+            solver, points, progress=progress, on_point=self._attach(on_point), cancel=cancel
+        )
         for point in found:
             point.schedule.context = self
         setup = solver.setup

@@ -11,7 +11,7 @@ budget by the same accounting that `simulate` and the plots use.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from explorer.chain import Chain, Stage, build_chain
 from explorer.errors import UserError
@@ -22,11 +22,18 @@ from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.rotor import ChainTable, Step, fresh_frontier_bytes, stage_costs
 from explorer.schedule import Schedule
 from explorer.simulate import simulate
-from explorer.stage_ilp import StageOption, StageProblem, build_problem, keep_all_option, solve_option
+from explorer.stage_ilp import (
+    StageOption,
+    StageProblem,
+    build_problem,
+    keep_all_option,
+    solve_option,
+)
 from explorer.units import format_bytes
 
 KEEP_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8)
-TABLE_UNITS = 400
+TABLE_UNITS = 600
+TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
 
 
 @dataclass
@@ -69,7 +76,7 @@ class Solver:
         self.context_bytes = self._context_bytes()
         grads = sum(stage.param_grad_bytes for stage in self.chain.stages)
         self.fixed_bytes = graph.static_bytes() + grads  # no schedule can go below this
-        span = max(self.baseline.predicted_peak_bytes - self.context_bytes, 1) * 2
+        span = int(max(self.baseline.predicted_peak_bytes - self.context_bytes, 1) * TABLE_SPAN)
         self.table = ChainTable(
             stage_costs(self.chain, self.options),
             fresh_frontier_bytes(self.chain),
@@ -184,7 +191,9 @@ class Solver:
 
     def _schedule_at(self, units: int) -> Schedule:
         steps = self.table.sequence(units)
-        schedule = self.evaluate(_lower(self.graph, self.chain, self.options, steps, self.fingerprint))
+        schedule = self.evaluate(
+            _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
+        )
         used = [self.options[s.stage][s.option] for s in steps if s.kind == "backward"]
         schedule.gap = max((o.gap for o in used), default=0.0)
         schedule.status = "optimal" if all(o.status == "optimal" for o in used) else "feasible"
@@ -205,8 +214,7 @@ def _translate(solved: tuple[StageProblem, list[StageOption]], problem: StagePro
     for o in options:
         keep = [problem.values[source.index[ref]] for ref in o.keep]
         redo = [[problem.stage.forward[position[a]] for a in step] for step in o.redo]
-        out.append(StageOption(keep, redo, o.keep_bytes, o.peak_bytes, o.redo_seconds,
-                               o.status, o.gap, o.solve_seconds))
+        out.append(replace(o, keep=keep, redo=redo))
     return out
 
 

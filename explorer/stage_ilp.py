@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import pulp
@@ -31,6 +32,7 @@ from explorer.chain import Chain, Stage
 from explorer.graph import Graph, ValueRef
 
 PEAK_WEIGHT = 1e-12  # seconds per byte of peak: breaks ties only
+MAX_STEPS = 12  # decision windows per stage backward: bounds each ILP's size
 
 
 @dataclass
@@ -60,8 +62,9 @@ class StageProblem:
     node_inputs: dict[str, list[int]]  # recomputable node -> local values it reads
     node_outputs: dict[str, list[int]]
     node_seconds: dict[str, float]
-    reads: list[list[int]]  # per backward step: local values it reads
-    fixed_bytes: list[int]  # per backward step: backward tensors alive
+    reads: list[list[int]]  # per decision step: local values its backward operator reads
+    fixed_bytes: list[int]  # per decision step: most backward bytes alive until the next one
+    step_of: list[int] = field(default_factory=list)  # decision step -> backward position
     signature: str = ""
     index: dict[ValueRef, int] = field(default_factory=dict)
 
@@ -70,11 +73,7 @@ def build_problem(chain: Chain, stage: Stage, seconds: dict[str, float]) -> Stag
     """Describe one stage's backward in local indices (see module docstring)."""
     graph = chain.graph
     pinned = set(chain.pinned)
-    recomputable = [
-        name
-        for name in stage.forward
-        if not any(ref[0] == name for ref in pinned)
-    ]
+    recomputable = [name for name in stage.forward if not any(ref[0] == name for ref in pinned)]
     made = [
         (name, i)
         for name in recomputable
@@ -88,7 +87,8 @@ def build_problem(chain: Chain, stage: Stage, seconds: dict[str, float]) -> Stag
         name: [index[r] for r in graph.node(name).inputs if r in index] for name in recomputable
     }
     owner, nbytes, maker = _storage(chain, values, index, set(stage.inputs))
-    reads = [[index[r] for r in graph.node(b).inputs if r in index] for b in stage.backward]
+    all_reads = [[index[r] for r in graph.node(b).inputs if r in index] for b in stage.backward]
+    reads, fixed, step_of = _decision_steps(all_reads, _backward_bytes(chain, stage))
     problem = StageProblem(
         stage=stage,
         values=values,
@@ -99,11 +99,34 @@ def build_problem(chain: Chain, stage: Stage, seconds: dict[str, float]) -> Stag
         node_outputs=node_outputs,
         node_seconds={n: seconds.get(n, 0.0) for n in recomputable},
         reads=reads,
-        fixed_bytes=_backward_bytes(chain, stage),
+        fixed_bytes=fixed,
+        step_of=step_of,
         index=index,
     )
     problem.signature = _signature(graph, stage, index)
     return problem
+
+
+def _decision_steps(reads: list[list[int]], fixed: list[int]):
+    """Coarsen the backward into at most MAX_STEPS decision windows.
+
+    Only steps that read a stage tensor start a window (recomputing anywhere else never
+    helps). A long stage's windows hold several such steps: recomputations for the whole
+    window happen at its start, and each window carries the union of its reads and the
+    largest backward memory until the next window; the tensors alive in a window count over
+    all of it, a safe over-count that keeps the ILP small."""
+    if not reads:
+        return [], [], []
+    starts = [t for t, r in enumerate(reads) if r] or [0]
+    stride = -(-len(starts) // MAX_STEPS)
+    starts = starts[::stride]
+    merged_reads, merged_fixed = [], []
+    for k, t in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(reads)
+        first = 0 if k == 0 else t
+        merged_reads.append(sorted({v for step in reads[t:end] for v in step}))
+        merged_fixed.append(max(fixed[first:end], default=0))
+    return merged_reads, merged_fixed, starts
 
 
 def _storage(chain: Chain, values, index, inputs):
@@ -150,8 +173,9 @@ def _backward_bytes(chain: Chain, stage: Stage) -> list[int]:
             refs = users.get(own, set())
             if any(r in keep_to_end or last_read.get(r, -1) > t for r in refs):
                 continue
-            if any(last_read.get(r, t) == t or r[0] == name or r in stage.grad_inputs
-                   for r in refs):
+            if any(
+                last_read.get(r, t) == t or r[0] == name or r in stage.grad_inputs for r in refs
+            ):
                 del alive[own]
                 users.pop(own, None)
     return fixed
@@ -171,8 +195,15 @@ def _signature(graph: Graph, stage: Stage, index: dict[ValueRef, int]) -> str:
                 ins.append(("n", local_names[ref[0]], ref[1]))
             else:
                 ins.append(("x", graph.meta(ref).shape, graph.meta(ref).dtype))
-        parts.append((node.target, node.phase, re.sub(r"0x[0-9a-f]+", "", node.consts), ins,
-                      [(m.shape, m.dtype, m.alias_of) if m else None for m in node.outputs]))
+        parts.append(
+            (
+                node.target,
+                node.phase,
+                re.sub(r"0x[0-9a-f]+", "", node.consts),
+                ins,
+                [(m.shape, m.dtype, m.alias_of) if m else None for m in node.outputs],
+            )
+        )
     parts.append(sorted(index.values()))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
@@ -183,22 +214,32 @@ def keep_all_option(problem: StageProblem) -> StageOption:
     keep = sorted(set(keep) | {problem.owner[v] for v in keep if problem.owner[v] is not None})
     keep_bytes = sum(problem.nbytes[v] for v in keep)
     peak = max((keep_bytes + f for f in problem.fixed_bytes), default=keep_bytes)
-    return StageOption([problem.values[v] for v in keep], [[] for _ in problem.reads],
-                       keep_bytes, peak, 0.0)
+    return StageOption(
+        [problem.values[v] for v in keep],
+        [[] for _ in problem.stage.backward],
+        keep_bytes,
+        peak,
+        0.0,
+    )
 
 
-def solve_option(problem: StageProblem, keep_cap: int, time_limit: float | None) -> StageOption | None:
+def solve_option(
+    problem: StageProblem, keep_cap: int, time_limit: float | None
+) -> StageOption | None:
     """Solve the stage ILP under `keep_cap` kept bytes; None if infeasible."""
     started = time.perf_counter()
     steps = range(len(problem.reads))
     needed = _needed_values(problem)
     prob = pulp.LpProblem("stage", pulp.LpMinimize)
-    keep = {v: pulp.LpVariable(f"k{v}", cat="Binary") for v in needed}
-    live = {(t, v): pulp.LpVariable(f"l{t}_{v}", 0, 1) for t in steps for v in needed}
-    makers = {problem.maker[v] for v in needed if problem.maker[v] is not None}
-    redo = {(t, a): pulp.LpVariable(f"r{t}_{a}", cat="Binary") for t in steps for a in makers
-            if a in problem.node_outputs}
-    peak = pulp.LpVariable("peak", 0)
+    keep = {v: prob.add_variable(f"k{v}", cat="Binary") for v in needed}
+    live = {(t, v): prob.add_variable(f"l{t}_{v}", 0, 1) for t in steps for v in needed}
+    makers = sorted({problem.maker[v] for v in needed if problem.maker[v] in problem.node_outputs})
+    redo = {
+        (t, a): prob.add_variable(f"r{t}_{k}", cat="Binary")
+        for t in steps
+        for k, a in enumerate(makers)
+    }
+    peak = prob.add_variable("peak", 0)
     prob += pulp.lpSum(problem.node_seconds[a] * x for (t, a), x in redo.items()) + (
         PEAK_WEIGHT * peak
     )
@@ -227,24 +268,36 @@ def solve_option(problem: StageProblem, keep_cap: int, time_limit: float | None)
         own = problem.owner[v]
         if own is not None and own in needed:
             prob += keep[own] >= keep[v]
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
-    prob.solve(solver)
-    status, gap = _status(prob)
-    if status is None:
+    prob.solve(_cbc(time_limit))
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None
     chosen = [v for v in needed if (keep[v].value() or 0) > 0.5]
-    plan = [[a for a in problem.stage.forward if (redo.get((t, a)) is not None
-             and (redo[(t, a)].value() or 0) > 0.5)] for t in steps]
+    plan: list[list[str]] = [[] for _ in problem.stage.backward]
+    for t in steps:
+        plan[problem.step_of[t]] = [
+            a
+            for a in problem.stage.forward
+            if redo.get((t, a)) is not None and (redo[(t, a)].value() or 0) > 0.5
+        ]
+    peak_bytes = int(round(peak.value() or 0))
+    status, gap = _status(prob)  # may re-solve a relaxation: read the solution first
     return StageOption(
         keep=[problem.values[v] for v in chosen],
         redo=plan,
         keep_bytes=sum(problem.nbytes[v] for v in chosen),
-        peak_bytes=int(round(peak.value() or 0)),
+        peak_bytes=peak_bytes,
         redo_seconds=sum(problem.node_seconds[a] for step in plan for a in step),
         status=status,
         gap=gap,
         solve_seconds=time.perf_counter() - started,
     )
+
+
+def _cbc(time_limit: float | None) -> pulp.LpSolver:
+    """The CBC binary that ships inside PuLP (PuLP 3.3 warns it will move to an extra in 4.0)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
 
 
 def _needed_values(problem: StageProblem) -> list[int]:
@@ -264,13 +317,11 @@ def _needed_values(problem: StageProblem) -> list[int]:
     return sorted(needed)
 
 
-def _status(prob: pulp.LpProblem) -> tuple[str | None, float]:
-    """('optimal' | 'feasible' | None, relative gap) from CBC's answer."""
+def _status(prob: pulp.LpProblem) -> tuple[str, float]:
+    """('optimal' | 'feasible', relative gap) of a solved problem."""
     if prob.sol_status == pulp.LpSolutionOptimal:
         return "optimal", 0.0
-    if prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        return "feasible", _gap_from_relaxation(prob)
-    return None, 0.0
+    return "feasible", _gap_from_relaxation(prob)
 
 
 def _gap_from_relaxation(prob: pulp.LpProblem) -> float:
@@ -279,6 +330,6 @@ def _gap_from_relaxation(prob: pulp.LpProblem) -> float:
     relaxed = prob.deepcopy()
     for var in relaxed.variables():
         var.cat = pulp.LpContinuous
-    relaxed.solve(pulp.PULP_CBC_CMD(msg=False, threads=1))
+    relaxed.solve(_cbc(None))
     bound = pulp.value(relaxed.objective) or 0.0
     return max(0.0, (found - bound) / found) if found > 0 else 0.0

@@ -7,9 +7,16 @@ import re
 from explorer.errors import UserError
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 
 
@@ -35,7 +42,9 @@ def parse_budget(text: str | int | float, baseline_bytes: int, fixed_bytes: int 
     if unit == "" and "." in match.group(1):
         return _fraction(number, baseline_bytes, fixed_bytes)
     if unit not in _UNITS:
-        raise UserError(f"budget {raw!r}: unknown unit {match.group(2)!r} (use B, MB, MiB, GB, GiB)")
+        raise UserError(
+            f"budget {raw!r}: unknown unit {match.group(2)!r} (use B, MB, MiB, GB, GiB)"
+        )
     return _positive(int(number * _UNITS[unit]), raw)
 
 

@@ -152,12 +152,17 @@ def verify(
 
     rows = [
         _compare("outputs", list(zip(ref_out, new_out, strict=False))),
-        _compare("parameter gradients", [
-            (a.grad, b.grad) for a, b in zip(reference.parameters(), candidate.parameters(),
-                                             strict=True)
-        ]),
-        _compare("buffers (BatchNorm statistics)", list(zip(reference.buffers(),
-                                                            candidate.buffers(), strict=True))),
+        _compare(
+            "parameter gradients",
+            [
+                (a.grad, b.grad)
+                for a, b in zip(reference.parameters(), candidate.parameters(), strict=True)
+            ],
+        ),
+        _compare(
+            "buffers (BatchNorm statistics)",
+            list(zip(reference.buffers(), candidate.buffers(), strict=True)),
+        ),
     ]
     rows += _memory_rows(static, ref_meter.peak_bytes, new_meter.peak_bytes, schedule, made_for)
     rows += _time_rows(reference, wrapped, inputs, seed, schedule)
@@ -169,8 +174,10 @@ def _models(made_for: dict, model, example_inputs, device, seed):
     if model is not None:
         if example_inputs is None:
             raise UserError("verify(model=...) needs example_inputs too")
-        inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (
-            example_inputs,
+        inputs = (
+            tuple(example_inputs)
+            if isinstance(example_inputs, (tuple, list))
+            else (example_inputs,)
         )
         return copy.deepcopy(model).train(), inputs
     from explorer.models import build
@@ -181,8 +188,13 @@ def _models(made_for: dict, model, example_inputs, device, seed):
             f"this schedule was made for a model without a SPEC ({spec.get('name')}): "
             "verify it from Python with explorer.verify(path, model=..., example_inputs=...)"
         )
-    built = build(spec["name"], spec["batch_size"], spec.get("input_size"),
-                  device or made_for.get("device", "cpu"), seed=made_for.get("seed", 0))
+    built = build(
+        spec["name"],
+        spec["batch_size"],
+        spec.get("input_size"),
+        device or made_for.get("device", "cpu"),
+        seed=made_for.get("seed", 0),
+    )
     return built.model, built.example_inputs
 
 
@@ -213,12 +225,24 @@ def _time_rows(reference, wrapped, inputs, seed, schedule) -> list[VerifyRow]:
         ref_times.append(time_step(lambda: _step(reference, inputs, seed), inputs[0].device))
         new_times.append(time_step(lambda: _step(wrapped, inputs, seed), inputs[0].device))
     ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
-    predicted_overhead = float(schedule.get("predicted_seconds", 0)) / max(
-        float(schedule.get("baseline_seconds", 0)), 1e-12
-    ) - 1
+    predicted_overhead = (
+        float(schedule.get("predicted_seconds", 0))
+        / max(float(schedule.get("baseline_seconds", 0)), 1e-12)
+        - 1
+    )
     return [
-        VerifyRow("step seconds", new_s, float(schedule.get("predicted_seconds", 0.0)), True,
-                  f"unmodified model {ref_s:.4g} s"),
-        VerifyRow("overhead", new_s / ref_s - 1, predicted_overhead, True,
-                  "measured against the unmodified model, median of interleaved steps"),
+        VerifyRow(
+            "step seconds",
+            new_s,
+            float(schedule.get("predicted_seconds", 0.0)),
+            True,
+            f"unmodified model {ref_s:.4g} s",
+        ),
+        VerifyRow(
+            "overhead",
+            new_s / ref_s - 1,
+            predicted_overhead,
+            True,
+            "measured against the unmodified model, median of interleaved steps",
+        ),
     ]
