@@ -87,7 +87,8 @@ def load_wrap(path: Path):
     return module.wrap
 
 
-def _step(model: nn.Module, inputs: tuple, seed: int) -> list[torch.Tensor]:
+def training_step(model: nn.Module, inputs: tuple, seed: int) -> list[torch.Tensor]:
+    """One training step from the seed: forward (dropout seeded), backward from random tangents."""
     torch.manual_seed(seed)
     outputs = [o for o in tree_flatten(model(*inputs))[0] if isinstance(o, torch.Tensor)]
     differentiable = [o for o in outputs if o.requires_grad]
@@ -146,9 +147,9 @@ def verify(
     dev = inputs[0].device
 
     with LiveBytesTracker(dev) as ref_meter:
-        ref_out = _step(reference, inputs, seed)
+        ref_out = training_step(reference, inputs, seed)
     with LiveBytesTracker(dev) as new_meter:
-        new_out = _step(wrapped, inputs, seed)
+        new_out = training_step(wrapped, inputs, seed)
 
     rows = [
         _compare("outputs", list(zip(ref_out, new_out, strict=False))),
@@ -222,8 +223,10 @@ def _memory_rows(static, ref_peak, new_peak, schedule, made_for) -> list[VerifyR
 def _time_rows(reference, wrapped, inputs, seed, schedule) -> list[VerifyRow]:
     ref_times, new_times = [], []
     for _ in range(TIMED_STEPS):  # interleaved, so drifts in machine load hit both alike
-        ref_times.append(time_step(lambda: _step(reference, inputs, seed), inputs[0].device))
-        new_times.append(time_step(lambda: _step(wrapped, inputs, seed), inputs[0].device))
+        ref_times.append(
+            time_step(lambda: training_step(reference, inputs, seed), inputs[0].device)
+        )
+        new_times.append(time_step(lambda: training_step(wrapped, inputs, seed), inputs[0].device))
     ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
     predicted_overhead = (
         float(schedule.get("predicted_seconds", 0))

@@ -18,7 +18,7 @@ MODELS = [
     ("resnet50", 2, 64),
     ("densenet121", 2, 48),
     ("mobilenet_v2", 4, 64),
-    ("vgg11", 8, 64),
+    ("vgg11", 4, 128),
     ("googlenet", 2, 64),
     ("sample:unet", 2, 64),
     ("sample:gpt", 2, 64),
