@@ -5,7 +5,8 @@
 Prints the front (budget, predicted peak, predicted overhead, solve seconds, gap, status),
 the whole sweep time, then measures `--measure` points spread over the front and PyTorch's
 tools (no recomputation, `checkpoint` on every block, `checkpoint_sequential` with sqrt(n)
-segments) on the same model, one thread, interleaved runs, the same memory meter. Writes
+segments) on the same model, one thread, interleaved runs, the same memory meter (on CPU the live-tensor tracker with one thread; with
+--device cuda, torch.cuda.max_memory_allocated). Writes
 bench/results/front_<model>_b<batch>_s<size>.json.
 """
 
@@ -31,8 +32,8 @@ from explorer.verify import load_wrap, training_step
 RESULTS = Path(__file__).parent / "results"
 
 
-def sweep(spec: str, batch: int, size: int | None, points: int):
-    built = build(spec, batch, size)
+def sweep(spec: str, batch: int, size: int | None, points: int, device: str):
+    built = build(spec, batch, size, device=device)
     plan = explorer.Planner(built.model, built.example_inputs, spec=built.spec)
     started = time.perf_counter()
     plan.profile()
@@ -44,8 +45,9 @@ def sweep(spec: str, batch: int, size: int | None, points: int):
 
 def _ratio(reference, wrapped, inputs, seed: int) -> float:
     """Step time of ours over the unmodified model's, run back to back."""
-    base = time_step(lambda: training_step(reference, inputs, seed), "cpu")
-    ours = time_step(lambda: training_step(wrapped, inputs, seed), "cpu")
+    device = inputs[0].device
+    base = time_step(lambda: training_step(reference, inputs, seed), device)
+    ours = time_step(lambda: training_step(wrapped, inputs, seed), device)
     return ours / base
 
 
@@ -62,7 +64,7 @@ def measure_points(built, front, count: int, repeats: int) -> list[dict]:
         path = point.schedule.export(folder / f"point_{k}.py")
         reference = copy.deepcopy(built.model)
         wrapped = load_wrap(path)(copy.deepcopy(built.model))
-        with LiveBytesTracker() as meter:
+        with LiveBytesTracker(built.example_inputs[0].device) as meter:
             training_step(wrapped, built.example_inputs, 0)
         # A B A B: machine drift hits both alike
         ratios = [_ratio(reference, wrapped, built.example_inputs, r) for r in range(repeats)]

@@ -179,7 +179,8 @@ class Planner:
 
     def timeline(self, schedule: Schedule) -> Timeline:
         graph = self.capture()
-        return simulate(graph, compile_program(graph, schedule))
+        workspace = self._profile.workspace if self._profile else None
+        return simulate(graph, compile_program(graph, schedule), workspace)
 
     def made_for(self) -> dict:
         """What an exported schedule records about the model it was made for."""

@@ -5,7 +5,8 @@ the last value using it is cleared. Parameters, buffers and inputs are the stati
 outputs stay alive through the backward (the user's loss holds them); tangents (the gradients
 of the outputs) are alive for the whole backward (autograd holds them while our backward runs).
 The timeline has one entry per operator: the bytes alive just after it ran, before its dead
-inputs are cleared, which is when an operator's memory peaks.
+inputs are cleared, which is when an operator's memory peaks, plus the scratch memory it used
+while running when a (CUDA) profile measured one.
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ class _Storages:
             self.live -= self.bytes_of[sid]
 
 
-def _run(graph: Graph, instrs: list[Instr], mem: _Storages, timeline: Timeline, tag: str) -> None:
+def _run(
+    graph: Graph,
+    instrs: list[Instr],
+    mem: _Storages,
+    timeline: Timeline,
+    tag: str,
+    workspace: dict[str, int],
+) -> None:
     for instr in instrs:
         node = graph.node(instr.node)
         for slot, meta in zip(instr.out_slots, node.outputs, strict=True):
@@ -77,24 +85,29 @@ def _run(graph: Graph, instrs: list[Instr], mem: _Storages, timeline: Timeline, 
                 continue
             alias = instr.in_slots[meta.alias_of] if meta.alias_of is not None else None
             mem.bind(slot, meta.nbytes, alias)
-        timeline.steps.append(mem.live)
+        timeline.steps.append(mem.live + workspace.get(instr.node, 0))
         timeline.labels.append(instr.node)
         timeline.phase.append("recompute" if instr.recompute else tag)
         for slot in instr.frees:
             mem.clear(slot)
 
 
-def simulate(graph: Graph, program: StepProgram) -> Timeline:
-    """Memory timeline of one training step under `program`."""
+def simulate(
+    graph: Graph, program: StepProgram, workspace: dict[str, int] | None = None
+) -> Timeline:
+    """Memory timeline of one training step under `program`.
+
+    `workspace` (from a CUDA profile) adds each operator's scratch memory while it runs."""
+    workspace = workspace or {}
     mem = _Storages()
     for node in graph.nodes:
         if node.phase == PLACEHOLDER and node.role != ROLE_TANGENT and node.outputs[0]:
             mem.bind(program.slot_of[(node.name, 0)], node.outputs[0].nbytes, None)
     timeline = Timeline([], [], [], mem.live)
-    _run(graph, program.forward, mem, timeline, "forward")
+    _run(graph, program.forward, mem, timeline, "forward", workspace)
     for node in graph.placeholders(ROLE_TANGENT):
         mem.bind(program.slot_of[(node.name, 0)], node.out_bytes, None)
     for slot in program.unread_saved:
         mem.clear(slot)
-    _run(graph, program.backward, mem, timeline, "backward")
+    _run(graph, program.backward, mem, timeline, "backward", workspace)
     return timeline

@@ -136,7 +136,7 @@ class Solver:
         problem = check_program(self.graph, program)
         if problem is not None:
             raise RuntimeError(f"internal error: schedule does not run: {problem}")
-        timeline = simulate(self.graph, program)
+        timeline = simulate(self.graph, program, self.profile.workspace)
         schedule.predicted_peak_bytes = timeline.peak_bytes
         names = [i.node for i in program.forward] + [i.node for i in program.backward]
         schedule.predicted_seconds = sum(self.seconds.get(n, 0.0) for n in names)

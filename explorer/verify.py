@@ -12,6 +12,7 @@ inputs), the same quantity the planner predicts. Step times are medians of inter
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import sys
@@ -148,7 +149,7 @@ def verify(
 
     with LiveBytesTracker(dev) as ref_meter:
         ref_out = training_step(reference, inputs, seed)
-    with LiveBytesTracker(dev) as new_meter:
+    with _out_of_memory_explained(schedule), LiveBytesTracker(dev) as new_meter:
         new_out = training_step(wrapped, inputs, seed)
 
     rows = [
@@ -166,9 +167,34 @@ def verify(
         ),
     ]
     rows += _memory_rows(static, ref_meter.peak_bytes, new_meter.peak_bytes, schedule, made_for)
+    if new_meter.peak_reserved_bytes is not None:
+        rows.append(
+            VerifyRow(
+                "CUDA reserved peak (bytes)",
+                new_meter.peak_reserved_bytes,
+                int(schedule.get("predicted_peak_bytes", 0)),
+                True,
+                "what the caching allocator held: fragmentation shows here",
+            )
+        )
     rows += _time_rows(reference, wrapped, inputs, seed, schedule)
     ok = all(r.ok for r in rows)
     return VerifyReport(str(path), ok, rows)
+
+
+@contextlib.contextmanager
+def _out_of_memory_explained(schedule: dict):
+    """A CUDA OOM under a schedule whose predicted peak fits is the caching allocator's
+    fragmentation: say so, with the remedy, in one line."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        peak = format_bytes(int(schedule.get("predicted_peak_bytes", 0)))
+        raise UserError(
+            f"CUDA ran out of memory although the schedule needs {peak}: the caching "
+            "allocator is fragmented; rerun with "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        ) from exc
 
 
 def _models(made_for: dict, model, example_inputs, device, seed):
