@@ -5,8 +5,8 @@
 Prints the front (budget, predicted peak, predicted overhead, solve seconds, gap, status),
 the whole sweep time, then measures `--measure` points spread over the front and PyTorch's
 tools (no recomputation, `checkpoint` on every block, `checkpoint_sequential` with sqrt(n)
-segments) on the same model, one thread, interleaved runs, the same memory meter (on CPU the live-tensor tracker with one thread; with
---device cuda, torch.cuda.max_memory_allocated). Writes
+segments) on the same model: interleaved runs, the same memory meter (on CPU the live-tensor
+tracker, one thread; with --device cuda, torch.cuda.max_memory_allocated). Writes
 bench/results/front_<model>_b<batch>_s<size>.json.
 """
 
