@@ -20,18 +20,38 @@ OpFn = Callable[[Slots, list[int]], object]
 
 
 def _make_call(fxn: fx.Node) -> OpFn:
-    leaves, spec = tree_flatten((fxn.args, fxn.kwargs))
-    holes = [i for i, leaf in enumerate(leaves) if isinstance(leaf, fx.Node)]
+    """A callable that fills the traced arguments with slot values and runs the operator."""
     target = fxn.target
+    if _is_flat(fxn):  # nearly every ATen call: tensors only at top-level positions
+        template = list(fxn.args)
+        holes = [i for i, arg in enumerate(template) if isinstance(arg, fx.Node)]
+        kwargs = dict(fxn.kwargs)
 
-    def call(slots: Slots, in_slots: list[int]) -> object:
+        def call_flat(slots: Slots, in_slots: list[int]) -> object:
+            filled = template.copy()
+            for hole, slot in zip(holes, in_slots, strict=True):
+                filled[hole] = slots[slot]
+            return target(*filled, **kwargs)
+
+        return call_flat
+    leaves, spec = tree_flatten((fxn.args, fxn.kwargs))
+    node_leaves = [i for i, leaf in enumerate(leaves) if isinstance(leaf, fx.Node)]
+
+    def call_nested(slots: Slots, in_slots: list[int]) -> object:  # e.g. cat([a, b])
         filled = list(leaves)
-        for hole, slot in zip(holes, in_slots, strict=True):
+        for hole, slot in zip(node_leaves, in_slots, strict=True):
             filled[hole] = slots[slot]
-        args, kwargs = tree_unflatten(filled, spec)
-        return target(*args, **kwargs)
+        args, kw = tree_unflatten(filled, spec)
+        return target(*args, **kw)
 
-    return call
+    return call_nested
+
+
+def _is_flat(fxn: fx.Node) -> bool:
+    nested = [a for a in fxn.args if isinstance(a, (list, tuple, dict))]
+    nested += list(fxn.kwargs.values())
+    leaves, _ = tree_flatten(nested)
+    return not any(isinstance(leaf, fx.Node) for leaf in leaves)
 
 
 def op_table(fx_graph: fx.Graph) -> dict[str, OpFn]:
