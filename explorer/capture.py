@@ -169,7 +169,8 @@ def _output_metas(node: fx.Node) -> list[TensorMeta | None]:
             continue
         alias = aliases[i] if i < len(aliases) else None
         nbytes = 0 if alias is not None else _storage_bytes(v)
-        metas.append(TensorMeta(tuple(int(s) for s in v.shape), str(v.dtype), nbytes, alias))
+        shape = tuple(int(s) for s in v.shape)
+        metas.append(TensorMeta(shape, str(v.dtype), nbytes, alias, v.is_contiguous()))
     return metas
 
 

@@ -35,6 +35,17 @@ class TensorMeta:
     dtype: str
     nbytes: int
     alias_of: int | None = None
+    contiguous: bool = True
+
+
+def _dense_bytes(meta: TensorMeta) -> int:
+    count = 1
+    for size in meta.shape:
+        count *= size
+    return count * _ITEMSIZE.get(meta.dtype, 4)
+
+
+_ITEMSIZE = {"torch.float64": 8, "torch.float16": 2, "torch.bfloat16": 2, "torch.int64": 8}
 
 
 @dataclass
@@ -83,6 +94,17 @@ class Graph:
     def placeholders(self, role: str) -> list[Node]:
         return [n for n in self.nodes if n.phase == PLACEHOLDER and n.role == role]
 
+    def param_grad_copy_bytes(self) -> int:
+        """Autograd copies a gradient whose layout differs from its parameter's (a transposed
+        Linear weight gradient) when it stores it in `.grad`, one at a time after our backward:
+        the largest such copy is a transient at the very end of the step."""
+        sizes = [
+            self.meta(r).nbytes or _dense_bytes(self.meta(r))
+            for r in self.param_grads
+            if r is not None and not self.meta(r).contiguous
+        ]
+        return max(sizes, default=0)
+
     def static_bytes(self) -> int:
         """Parameters, buffers and inputs: alive before, during and after the step."""
         return sum(
@@ -109,7 +131,9 @@ class Graph:
             outputs = [
                 None
                 if m is None
-                else TensorMeta(tuple(m["shape"]), m["dtype"], m["nbytes"], m["alias_of"])
+                else TensorMeta(
+                    tuple(m["shape"]), m["dtype"], m["nbytes"], m["alias_of"], m["contiguous"]
+                )
                 for m in raw["outputs"]
             ]
             inputs = [tuple(r) for r in raw["inputs"]]
