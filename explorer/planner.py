@@ -25,11 +25,11 @@ from explorer.graph import Graph
 from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec
 from explorer.profile import Profile, profile_step
-from explorer.program import compile_program
+from explorer.program import baseline_schedule, compile_program
 from explorer.progress import CancelToken, ProgressFn
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline, simulate
-from explorer.solve import Solver
+from explorer.solve import Solver, evaluate
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
 
@@ -58,6 +58,7 @@ class Planner:
         self._capture: Capture | None = None
         self._profile: Profile | None = None
         self._solvers: dict[float | None, Solver] = {}
+        self._baseline: Schedule | None = None
 
     # -- pipeline ----------------------------------------------------------------------------
 
@@ -95,6 +96,7 @@ class Planner:
             )
         self._profile = profile
         self._solvers.clear()
+        self._baseline = None
 
     def solver(
         self,
@@ -170,8 +172,11 @@ class Planner:
         return schedule
 
     def baseline(self) -> Schedule:
-        """No recomputation: keep what autograd keeps."""
-        schedule = Schedule.from_dict(self.solver().baseline.to_dict())
+        """No recomputation: keep what autograd keeps (needs a profile, not the solver)."""
+        if self._baseline is None:
+            graph = self.capture()
+            self._baseline = evaluate(graph, self.profile(), baseline_schedule(graph))
+        schedule = Schedule.from_dict(self._baseline.to_dict())
         schedule.context = self
         return schedule
 
@@ -203,7 +208,7 @@ class Planner:
             "static_bytes": tensor_bytes(
                 [*self.model.parameters(), *self.model.buffers(), *self.example_inputs]
             ),
-            "baseline_peak_bytes": self.solver().baseline.predicted_peak_bytes,
+            "baseline_peak_bytes": self.baseline().predicted_peak_bytes,
         }
 
     def export(self, schedule: Schedule, path: str | Path) -> Path:

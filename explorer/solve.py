@@ -76,13 +76,7 @@ class Solver:
         self.context_bytes = self._context_bytes()
         grads = sum(stage.param_grad_bytes for stage in self.chain.stages)
         self.fixed_bytes = graph.static_bytes() + grads  # no schedule can go below this
-        span = int(max(self.baseline.predicted_peak_bytes - self.context_bytes, 1) * TABLE_SPAN)
-        self.table = ChainTable(
-            stage_costs(self.chain, self.options),
-            fresh_frontier_bytes(self.chain),
-            -(-span // TABLE_UNITS),
-            TABLE_UNITS,
-        )
+        self.table = self._build_table()
         flat = [o for opts in self.options for o in opts]
         self.setup = SetupReport(
             stages=len(self.chain.stages),
@@ -123,6 +117,19 @@ class Solver:
                 options.append(option)
         return options
 
+    def _build_table(self) -> ChainTable:
+        """The chain table over a span that reaches at least one schedule: its count is
+        conservative, so where the weights dominate it may need more than TABLE_SPAN."""
+        costs = stage_costs(self.chain, self.options)
+        fresh = fresh_frontier_bytes(self.chain)
+        needed = max(self.baseline.predicted_peak_bytes - self.context_bytes, 1)
+        for widen in (1, 2, 4, 8):
+            span = int(needed * TABLE_SPAN * widen)
+            table = ChainTable(costs, fresh, -(-span // TABLE_UNITS), TABLE_UNITS)
+            if table.min_units() is not None:
+                break
+        return table
+
     def _context_bytes(self) -> int:
         """Memory outside the table's control: static, pinned tensors, tangents."""
         tangents = sum(n.out_bytes for n in self.graph.placeholders("tangent"))
@@ -132,26 +139,19 @@ class Solver:
 
     def evaluate(self, schedule: Schedule) -> Schedule:
         """Fill in a schedule's predicted peak and time by compiling and simulating it."""
-        program = compile_program(self.graph, schedule)
-        problem = check_program(self.graph, program)
-        if problem is not None:
-            raise RuntimeError(f"internal error: schedule does not run: {problem}")
-        timeline = simulate(self.graph, program, self.profile.workspace)
-        schedule.predicted_peak_bytes = timeline.peak_bytes
-        names = [i.node for i in program.forward] + [i.node for i in program.backward]
-        schedule.predicted_seconds = sum(self.seconds.get(n, 0.0) for n in names)
         base = getattr(self, "baseline", None)
-        schedule.baseline_seconds = base.predicted_seconds if base else schedule.predicted_seconds
-        schedule.recomputed = list(dict.fromkeys(i.node for i in program.backward if i.recompute))
-        return schedule
+        return evaluate(
+            self.graph, self.profile, schedule, base.predicted_seconds if base else None
+        )
 
     def minimum(self) -> Schedule:
-        """The leanest schedule the table can find."""
+        """The leanest schedule found: the table's, or no recomputation if that is leaner."""
         if self._minimum is None:
             lowest = self.table.min_units()
-            if lowest is None:
-                raise UserError("no schedule fits in any memory: the model cannot be planned")
-            self._minimum = self._schedule_at(lowest)
+            found = self._schedule_at(lowest) if lowest is not None else None
+            if found is None or found.predicted_peak_bytes >= self.baseline.predicted_peak_bytes:
+                found = self._copy(self.baseline)
+            self._minimum = found
         return self._minimum
 
     def solve(self, budget_bytes: int) -> Schedule:
@@ -202,6 +202,24 @@ class Solver:
     @staticmethod
     def _copy(schedule: Schedule) -> Schedule:
         return Schedule.from_dict(schedule.to_dict())
+
+
+def evaluate(
+    graph: Graph, profile: Profile, schedule: Schedule, baseline_seconds: float | None = None
+) -> Schedule:
+    """Fill in a schedule's predicted peak, time and recomputed operators by compiling and
+    simulating it (the same accounting as the plots and verify's prediction)."""
+    program = compile_program(graph, schedule)
+    problem = check_program(graph, program)
+    if problem is not None:
+        raise RuntimeError(f"internal error: schedule does not run: {problem}")
+    timeline = simulate(graph, program, profile.workspace)
+    schedule.predicted_peak_bytes = timeline.peak_bytes
+    names = [i.node for i in program.forward] + [i.node for i in program.backward]
+    schedule.predicted_seconds = sum(profile.time_of(n) for n in names)
+    schedule.baseline_seconds = baseline_seconds or schedule.predicted_seconds
+    schedule.recomputed = list(dict.fromkeys(i.node for i in program.backward if i.recompute))
+    return schedule
 
 
 def _translate(solved: tuple[StageProblem, list[StageOption]], problem: StageProblem):

@@ -1,0 +1,172 @@
+"""Serve the dashboard notebook with Voila on 127.0.0.1: what `remat-explorer app` runs.
+
+The launcher passes its settings to the notebook's kernel as environment variables
+(`environment`), and the notebook reads them back (`from_environment`), so the notebook
+also runs on its own in Jupyter with the same defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from explorer.errors import UserError
+
+NOTEBOOK = Path(__file__).with_name("dashboard.ipynb")
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8866
+# at its own 224 px: profile, sweep and peers take about 20 s on a 2-core CPU, and the front
+# spans a visible trade-off (activations are ~40% of the peak)
+DEFAULT_MODEL = "resnet18"
+DEFAULT_BATCH_SIZE = 8
+READY_PATH = "/voila/static/voila.js"
+START_TIMEOUT_S = 120.0
+
+ENV_MODEL = "REMAT_MODEL"
+ENV_BATCH_SIZE = "REMAT_BATCH_SIZE"
+ENV_INPUT_SIZE = "REMAT_INPUT_SIZE"
+ENV_EXPORT_DIR = "REMAT_EXPORT_DIR"
+
+
+def resolve(
+    model: str | None, batch_size: int | None, input_size: int | None
+) -> tuple[str, int, int | None]:
+    """Fill in the default model and batch size; no input size means the model's own."""
+    return model or DEFAULT_MODEL, batch_size or DEFAULT_BATCH_SIZE, input_size
+
+
+def environment(
+    model: str | None, batch_size: int | None, input_size: int | None, export_dir: Path
+) -> dict[str, str]:
+    """The variables that tell the notebook what to show (read by `from_environment`)."""
+    model, batch_size, input_size = resolve(model, batch_size, input_size)
+    return {
+        ENV_MODEL: model,
+        ENV_BATCH_SIZE: str(batch_size),
+        ENV_INPUT_SIZE: "" if input_size is None else str(input_size),
+        ENV_EXPORT_DIR: str(export_dir),
+    }
+
+
+def from_environment(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """`Dashboard` keyword arguments from the launcher's variables (defaults where unset)."""
+    size = environ.get(ENV_INPUT_SIZE)
+    model, batch_size, input_size = resolve(
+        environ.get(ENV_MODEL) or None,
+        int(environ.get(ENV_BATCH_SIZE) or 0) or None,
+        int(size) if size else None,
+    )
+    return {
+        "spec": model,
+        "batch_size": batch_size,
+        "input_size": input_size,
+        "export_dir": environ.get(ENV_EXPORT_DIR) or ".",
+    }
+
+
+def port_is_free(port: int) -> bool:
+    """True if a server could listen on HOST:port now (SO_REUSEADDR, as tornado binds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def voila_command(port: int) -> list[str]:
+    """Voila on HOST:port only: no browser, and no quiet move to the next port."""
+    return [
+        sys.executable, "-m", "voila", str(NOTEBOOK),
+        "--no-browser",
+        f"--port={port}",
+        f"--Voila.ip={HOST}",
+        "--Voila.port_retries=0",
+        "--Voila.log_level=WARN",
+    ]  # fmt: skip
+
+
+def wait_until_ready(process: subprocess.Popen, url: str, timeout: float) -> bool:
+    """Poll Voila's static script (a page GET would start a kernel); False if Voila died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url + READY_PATH.lstrip("/"), timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def serve(
+    port: int | None, model: str | None, batch_size: int | None, input_size: int | None
+) -> int:
+    """Serve the dashboard until interrupted; returns Voila's exit status (0 on Ctrl+C).
+
+    Raises `UserError` if the port is taken or out of range. Exported schedules land in the
+    directory this was started from.
+    """
+    port = DEFAULT_PORT if port is None else port
+    if not 0 < port < 65536:
+        raise UserError(f"--port must be between 1 and 65535, not {port}")
+    if not port_is_free(port):
+        raise UserError(f"port {port} on {HOST} is already in use; choose another with --port")
+    env = {**os.environ, **environment(model, batch_size, input_size, Path.cwd())}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    url = f"http://{HOST}:{port}/"
+    print(f"starting the dashboard on {url} ...", flush=True)
+    process = subprocess.Popen(voila_command(port), env=env)
+    try:
+        with _terminate_as_interrupt():
+            if wait_until_ready(process, url, START_TIMEOUT_S):
+                print(f"remat-explorer dashboard: {url}  (Ctrl+C to stop)", flush=True)
+            elif process.poll() is None:
+                print(f"Voila has not answered on {url} yet; still waiting", file=sys.stderr)
+            return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(process)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl+C, so `kill` also stops Voila instead of orphaning it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Ask Voila to stop (it shuts its kernels down); kill it if it does not within 10 s."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

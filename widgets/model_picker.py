@@ -1,0 +1,76 @@
+"""Choose what to plan: a model SPEC (searchable), batch size, input size and device."""
+
+from __future__ import annotations
+
+import ipywidgets as ipw
+import torch
+
+from explorer import UserError, models
+
+
+def available_devices() -> list[str]:
+    """'cuda' first when this machine has one, so the default is the GPU."""
+    return ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
+
+
+class ModelPicker(ipw.HBox):
+    """Model SPEC, batch size, input size and device (class `remat-model`).
+
+    The SPEC box is a combobox over `explorer.models.list_specs()`: typing filters the list.
+    An empty input size means the model's own default example input.
+    """
+
+    def __init__(
+        self,
+        spec: str | None = None,
+        batch_size: int = 8,
+        input_size: int | None = None,
+        device: str | None = None,
+    ) -> None:
+        devices = available_devices()
+        self.spec = ipw.Combobox(
+            options=models.list_specs(),
+            value=spec or "",
+            placeholder="type to search: resnet18, sample:unet, ...",
+            description="model",
+            ensure_option=False,
+        )
+        self.batch_size = ipw.BoundedIntText(
+            value=batch_size, min=1, max=1_000_000, description="batch", layout={"width": "140px"}
+        )
+        self.input_size = ipw.Text(
+            value="" if input_size is None else str(input_size),
+            placeholder="default",
+            description="input size",
+            layout={"width": "180px"},
+        )
+        self.device = ipw.Dropdown(
+            options=devices,
+            value=device or devices[0],
+            description="device",
+            layout={"width": "160px"},
+        )
+        super().__init__([self.spec, self.batch_size, self.input_size, self.device])
+        self.add_class("remat-model")
+
+    def settings(self) -> tuple[str, int, int | None, str]:
+        """(spec, batch size, input size or None, device), checked enough to build from."""
+        spec = self.spec.value.strip()
+        if not spec:
+            raise UserError("choose a model first (type in the model box to search)")
+        size_text = self.input_size.value.strip()
+        if size_text and not (size_text.isdigit() and int(size_text) > 0):
+            raise UserError(f"input size must be a positive whole number, not {size_text!r}")
+        return spec, self.batch_size.value, int(size_text) if size_text else None, self.device.value
+
+    def build(self) -> models.Built:
+        """Build the chosen model and its example input on the chosen device."""
+        spec, batch_size, input_size, device = self.settings()
+        return models.build(spec, batch_size, input_size, device=device)
+
+    def lock(self, label: str) -> None:
+        """Show a model the caller passed in instead of a choice: its inputs are fixed too."""
+        self.spec.value = label
+        self.spec.disabled = True
+        for field in (self.batch_size, self.input_size, self.device):
+            field.layout.display = "none"
