@@ -117,23 +117,27 @@ def compile_program(graph: Graph, schedule: Schedule) -> StepProgram:
 def check_program(graph: Graph, program: StepProgram) -> str | None:
     """Why this program cannot run (a value read before it exists), or None if it can."""
     live = set(program.static_slots)
-    for instr in program.forward:
-        missing = [s for s in instr.in_slots if s not in live]
-        if missing:
-            return f"forward: {instr.node} reads a value not yet computed"
-        live.update(s for s in instr.out_slots if s is not None)
-        live.difference_update(instr.frees)
+    missing = _first_unready(program.forward, live)
+    if missing:
+        return f"forward: {missing} reads a value not yet computed"
     live = set(program.static_slots) | set(program.saved_slots) | set(program.tangent_slots)
     live |= set(program.output_slots)
     live -= set(program.unread_saved)
-    for instr in program.backward:
-        missing = [s for s in instr.in_slots if s not in live]
-        if missing:
-            return f"backward: {instr.node} reads a value that is not alive"
-        live.update(s for s in instr.out_slots if s is not None)
-        live.difference_update(instr.frees)
+    missing = _first_unready(program.backward, live)
+    if missing:
+        return f"backward: {missing} reads a value that is not alive"
     absent = [g for g in program.grad_slots if g is not None and g not in live]
     return "backward: a parameter gradient is missing at the end" if absent else None
+
+
+def _first_unready(instrs: list[Instr], live: set[int]) -> str | None:
+    """Replay liveness (updating `live`); the first node that reads a dead slot, if any."""
+    for instr in instrs:
+        if any(s not in live for s in instr.in_slots):
+            return instr.node
+        live.update(s for s in instr.out_slots if s is not None)
+        live.difference_update(instr.frees)
+    return None
 
 
 def baseline_schedule(graph: Graph) -> Schedule:

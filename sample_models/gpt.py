@@ -111,13 +111,6 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def gpt(
-    vocab_size: int = 512,
-    n_layers: int = 4,
-    n_heads: int = 4,
-    width: int = 128,
-    max_len: int = 256,
-    dropout: float = 0.1,
-) -> GPT:
-    """Factory for the sample registry: the defaults give ~0.9 M parameters."""
-    return GPT(vocab_size, n_layers, n_heads, width, max_len, dropout)
+def gpt(**overrides: int | float) -> GPT:
+    """Factory for the sample registry: GPT's defaults give ~0.9 M parameters."""
+    return GPT(**overrides)
