@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_unflatten
 
 from explorer.capture import Capture, capture
 from explorer.errors import UserError
-from explorer.execute import OpFn, Slots, op_table, run
+from explorer.execute import Slots, compile_steps, op_table, run
 from explorer.program import StepProgram, compile_program
 from explorer.schedule import Schedule
 
@@ -43,7 +43,9 @@ class StepRunner:
     def __init__(self, cap: Capture, schedule: Schedule) -> None:
         self.capture = cap
         self.program: StepProgram = compile_program(cap.graph, schedule)
-        self.ops: dict[str, OpFn] = op_table(cap.fx_graph)
+        ops = op_table(cap.fx_graph)
+        self.forward_steps = compile_steps(self.program.forward, ops)
+        self.backward_steps = compile_steps(self.program.backward, ops)
         graph = cap.graph
         self.param_count = len(graph.param_names)
         self.diff_outputs = [
@@ -68,7 +70,7 @@ class _RematStep(torch.autograd.Function):
         inputs = list(flat[runner.param_count :])
         static = [*params, *buffers, *inputs]
         slots = runner.fresh_slots(static)
-        run(runner.program.forward, slots, runner.ops)
+        run(runner.forward_steps, slots)
         ctx.runner = runner
         ctx.static = static
         ctx.saved = {s: slots[s] for s in runner.program.saved_slots}
@@ -86,7 +88,7 @@ class _RematStep(torch.autograd.Function):
         saved, ctx.saved = ctx.saved, None  # the slots become the only owners: frees are real
         _fill_backward_slots(slots, program, runner.diff_outputs, saved, grad_outputs)
         del saved
-        run(program.backward, slots, runner.ops)
+        run(runner.backward_steps, slots)
         grads = [None if s is None else slots[s] for s in program.grad_slots]
         n_inputs = len(ctx.static) - runner.param_count - len(runner.capture.graph.buffer_names)
         return (None, None, *grads, *([None] * n_inputs))
