@@ -88,9 +88,6 @@ class Graph:
         assert meta is not None, ref
         return meta
 
-    def of_phase(self, phase: str) -> list[Node]:
-        return [n for n in self.nodes if n.phase == phase]
-
     def placeholders(self, role: str) -> list[Node]:
         return [n for n in self.nodes if n.phase == PLACEHOLDER and n.role == role]
 
