@@ -163,7 +163,8 @@ def build_chain(graph: Graph, seconds: dict[str, float], max_stages: int = 48) -
     return Chain(graph, stages, pinned, owner)
 
 
-def _pinned_values(graph: Graph, forward) -> list[ValueRef]:
+def _pinned_values(graph: Graph, forward: list) -> list[ValueRef]:
+    """Values never recomputed: random draws (one mask per step) and the model's outputs."""
     outputs = {r[0] for r in graph.model_outputs if r is not None}
     pinned = []
     for node in forward:
@@ -172,7 +173,16 @@ def _pinned_values(graph: Graph, forward) -> list[ValueRef]:
     return pinned
 
 
-def _fill_frontiers(graph, stages, stage_of, static, pinned, owner) -> None:
+def _fill_frontiers(
+    graph: Graph,
+    stages: list[Stage],
+    stage_of: dict[str, int],
+    static: set[ValueRef],
+    pinned: set[ValueRef],
+    owner: dict[ValueRef, ValueRef],
+) -> None:
+    """Fill every stage's forward and gradient frontiers (a value read k stages after it is
+    made crosses k boundaries) and the bytes of the parameter gradients it makes."""
     grads = {r for r in graph.param_grads if r is not None}
     seen_grad_owner: set[ValueRef] = set()
     for node in graph.nodes:
