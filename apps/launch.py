@@ -140,7 +140,7 @@ def serve(
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(process)
+        stop(process)
 
 
 @contextlib.contextmanager
@@ -160,13 +160,13 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """Ask Voila to stop (it shuts its kernels down); kill it if it does not within 10 s."""
+def stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Ask a server to stop (Voila shuts its kernels down); kill it if it has not in `timeout`."""
     if process.poll() is not None:
         return
     process.terminate()
     try:
-        process.wait(timeout=10)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.launch import stop
+
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "tests" / "output"
 CHROMIUM = "/usr/bin/chromium"
@@ -95,12 +97,7 @@ def app(tmp_path):
         _wait_for_voila(process, url)
         yield url, tmp_path
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, timeout=20)  # the launcher's own stop: Voila and its kernels end
         log.close()
 
 
