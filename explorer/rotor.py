@@ -92,6 +92,12 @@ class ChainTable:
         out[idx < 0] = INF
         return out
 
+    def _held(self, s: int, opt: StageOption) -> int:
+        """Units held while stages s+1.. run after stage s kept `opt`: its kept tensors and the
+        new part of F_s, a tensor that is both counted once. Filling and reading the table
+        must use the same figure, so it is computed here only."""
+        return self._u(opt.keep_bytes) + int(self._fresh[s, s + 1]) - self._u(opt.output_bytes)
+
     def _pg_units(self, lo: int, hi: int) -> int:
         """Parameter-gradient units made by stages lo..hi (inclusive)."""
         return self._u(self._pg[hi + 1] - self._pg[lo]) if hi >= lo else 0
@@ -108,8 +114,7 @@ class ChainTable:
             if s == t:
                 total = np.where(self._m >= max(first, bpeak), cost, INF)
             else:
-                held = keep + self._fresh[s, s + 1] - u(opt.output_bytes)  # F_s counted once
-                rest = self._shift(self.best[s + 1, t], held)
+                rest = self._shift(self.best[s + 1, t], self._held(s, opt))
                 fits = self._m >= max(first, bpeak + self._pg_units(s + 1, t))
                 total = np.where(fits, cost + rest, INF)
             better = total < best
@@ -148,7 +153,7 @@ class ChainTable:
         return steps
 
     def _emit(self, s: int, t: int, m: int, steps: list[Step]) -> None:
-        u, c = self._u, self.costs
+        c = self.costs
         code = int(self.choice[s, t, m])
         if code < 0:
             raise ValueError("no schedule fits this memory")
@@ -157,8 +162,7 @@ class ChainTable:
             opt = c[s].options[code]
             steps.append(Step("forward_keep", s, code))
             if s < t:
-                held = u(opt.keep_bytes) + int(self._fresh[s, s + 1]) - u(opt.output_bytes)
-                self._emit(s + 1, t, m - held, steps)
+                self._emit(s + 1, t, m - self._held(s, opt), steps)
             steps.append(Step("backward", s, code))
             return
         j = code - n_opt
