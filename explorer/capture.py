@@ -266,7 +266,5 @@ def _to_ir(g: fx.Graph, state_names: list[str], n_params: int, num_fwd: int) -> 
             outs = list(fxn.args[0])
     as_ref = lambda x: refs[x] if isinstance(x, fx.Node) else None  # noqa: E731
     model_outputs = [as_ref(x) for x in outs[:num_fwd]]
-    param_grads = [as_ref(x) for x in outs[num_fwd : num_fwd + n_params]]
-    param_names = state_names[:n_params]
-    # tied weights: named_parameters() counts each once, like our unique slots
-    return Graph(nodes, param_names, state_names[n_params:], model_outputs, param_grads)
+    input_grads = [as_ref(x) for x in outs[num_fwd:]]
+    return Graph(nodes, model_outputs, input_grads)

@@ -183,7 +183,7 @@ def _fill_frontiers(
 ) -> None:
     """Fill every stage's forward and gradient frontiers (a value read k stages after it is
     made crosses k boundaries) and the bytes of the parameter gradients it makes."""
-    grads = {r for r in graph.param_grads if r is not None}
+    grads = {r for r in graph.input_grads if r is not None}
     seen_grad_owner: set[ValueRef] = set()
     for node in graph.nodes:
         if node.name not in stage_of:

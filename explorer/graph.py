@@ -5,6 +5,10 @@ ran them when traced). Each node produces one or more tensors (`TensorMeta`); ot
 refer to them by `ValueRef` (producer name, output index). Placeholders are the step's inputs:
 parameters, buffers, the user's inputs and the tangents (gradients of the model's outputs).
 Nothing here depends on torch: a graph loads from JSON anywhere.
+
+This is the solver's plain view of one FX joint graph (AOTAutograd's forward+backward graph,
+as a `torch.compile` backend receives it): node names are the FX node names, so a decision
+about a node here is a decision about the FX node of the same name.
 """
 
 from __future__ import annotations
@@ -72,10 +76,9 @@ class Graph:
     """The whole step: nodes in order plus where inputs and outputs go."""
 
     nodes: list[Node]
-    param_names: list[str]  # one per ROLE_PARAM placeholder, in placeholder order
-    buffer_names: list[str]  # one per ROLE_BUFFER placeholder
     model_outputs: list[ValueRef | None]  # flat model outputs (None: not a tensor we track)
-    param_grads: list[ValueRef | None]  # gradient of each parameter (None: unused)
+    # gradient of each non-tangent placeholder, in placeholder order (None: it gets none)
+    input_grads: list[ValueRef | None]
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
@@ -91,13 +94,13 @@ class Graph:
     def placeholders(self, role: str) -> list[Node]:
         return [n for n in self.nodes if n.phase == PLACEHOLDER and n.role == role]
 
-    def param_grad_copy_bytes(self) -> int:
+    def grad_copy_bytes(self) -> int:
         """Autograd copies a gradient whose layout differs from its parameter's (a transposed
         Linear weight gradient) when it stores it in `.grad`, one at a time after our backward:
         the largest such copy is a transient at the very end of the step."""
         sizes = [
             self.meta(r).nbytes or _dense_bytes(self.meta(r))
-            for r in self.param_grads
+            for r in self.input_grads
             if r is not None and not self.meta(r).contiguous
         ]
         return max(sizes, default=0)
@@ -110,15 +113,28 @@ class Graph:
 
     def fingerprint(self) -> str:
         """A hash of everything that decides what the step computes and how big it is."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        return _digest(self.to_dict())
+
+    def structure(self) -> str:
+        """A hash of the operators and their wiring, without shapes or sizes: two graphs with
+        the same structure (the same model at another batch size or sequence length) have the
+        same node names, so a schedule made for one applies to the other."""
+        return _digest(
+            {
+                "nodes": [
+                    [n.name, n.target, n.phase, n.role, n.random, n.inputs, len(n.outputs)]
+                    for n in self.nodes
+                ],
+                "model_outputs": self.model_outputs,
+                "input_grads": self.input_grads,
+            }
+        )
 
     def to_dict(self) -> dict:
         return {
             "nodes": [asdict(n) for n in self.nodes],
-            "param_names": self.param_names,
-            "buffer_names": self.buffer_names,
             "model_outputs": self.model_outputs,
-            "param_grads": self.param_grads,
+            "input_grads": self.input_grads,
         }
 
     @classmethod
@@ -136,10 +152,8 @@ class Graph:
             inputs = [tuple(r) for r in raw["inputs"]]
             nodes.append(Node(**{**raw, "outputs": outputs, "inputs": inputs}))
         refs = lambda xs: [None if r is None else tuple(r) for r in xs]  # noqa: E731
-        return cls(
-            nodes,
-            list(data["param_names"]),
-            list(data["buffer_names"]),
-            refs(data["model_outputs"]),
-            refs(data["param_grads"]),
-        )
+        return cls(nodes, refs(data["model_outputs"]), refs(data["input_grads"]))
+
+
+def _digest(data: object) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -36,7 +36,7 @@ class StepProgram:
     output_slots: list[int]  # model outputs, handed to the user
     tangent_slots: list[int]
     backward: list[Instr]
-    grad_slots: list[int | None]  # one per parameter
+    grad_slots: list[int | None]  # one per graph input (parameters, buffers, inputs)
     unread_saved: list[int] = field(default_factory=list)  # saved but never read: freed first
 
 
@@ -107,7 +107,7 @@ def compile_program(graph: Graph, schedule: Schedule) -> StepProgram:
 
     phase = {n.name: n.phase for n in graph.nodes}
     backward = [_instr(graph, table, name, phase[name] == FORWARD) for name in schedule.backward]
-    grads = [None if r is None else table[r] for r in graph.param_grads]
+    grads = [None if r is None else table[r] for r in graph.input_grads]
     # autograd holds the tangents for the whole backward, so they are never ours to free
     keep_bwd = set(static) | set(outputs) | set(tangents) | {g for g in grads if g is not None}
     unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents))

@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_unflatten
 from explorer.capture import Capture, capture
 from explorer.errors import UserError
 from explorer.execute import Slots, compile_steps, op_table, run
+from explorer.graph import ROLE_BUFFER, ROLE_PARAM
 from explorer.program import StepProgram, compile_program
 from explorer.schedule import Schedule
 
@@ -47,7 +48,7 @@ class StepRunner:
         self.forward_steps = compile_steps(self.program.forward, ops)
         self.backward_steps = compile_steps(self.program.backward, ops)
         graph = cap.graph
-        self.param_count = len(graph.param_names)
+        self.param_count = len(graph.placeholders(ROLE_PARAM))
         self.diff_outputs = [
             i
             for i, ref in enumerate(graph.model_outputs)
@@ -89,8 +90,9 @@ class _RematStep(torch.autograd.Function):
         _fill_backward_slots(slots, program, runner.diff_outputs, saved, grad_outputs)
         del saved
         run(runner.backward_steps, slots)
-        grads = [None if s is None else slots[s] for s in program.grad_slots]
-        n_inputs = len(ctx.static) - runner.param_count - len(runner.capture.graph.buffer_names)
+        grads = [None if s is None else slots[s] for s in program.grad_slots[: runner.param_count]]
+        n_buffers = len(runner.capture.graph.placeholders(ROLE_BUFFER))
+        n_inputs = len(ctx.static) - runner.param_count - n_buffers
         return (None, None, *grads, *([None] * n_inputs))
 
 

@@ -110,7 +110,7 @@ def simulate(
     for slot in program.unread_saved:
         mem.clear(slot)
     _run(graph, program.backward, mem, timeline, "backward", workspace)
-    copy = graph.param_grad_copy_bytes()
+    copy = graph.grad_copy_bytes()
     if copy:
         timeline.steps.append(mem.live + copy)
         timeline.labels.append("autograd: gradient layout copy")

@@ -146,7 +146,7 @@ def _storage(chain: Chain, values, index, inputs):
 def _backward_bytes(chain: Chain, stage: Stage) -> list[int]:
     """Bytes of backward tensors alive at each backward step of the stage."""
     graph = chain.graph
-    keep_to_end = set(stage.grad_outputs) | {r for r in graph.param_grads if r is not None}
+    keep_to_end = set(stage.grad_outputs) | {r for r in graph.input_grads if r is not None}
     last_read: dict[ValueRef, int] = {}
     for t, name in enumerate(stage.backward):
         for ref in graph.node(name).inputs:
