@@ -16,7 +16,6 @@ import argparse
 import copy
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,10 +23,11 @@ import torch
 
 import explorer
 from explorer import peers
+from explorer.backend import wrap_with_schedule
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.models import build
 from explorer.units import format_bytes
-from explorer.verify import load_wrap, training_step
+from explorer.verify import training_step
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -58,12 +58,13 @@ def measure_points(built, front, count: int, repeats: int) -> list[dict]:
         [*built.model.parameters(), *built.model.buffers(), *built.example_inputs]
     )
     rows = []
-    folder = Path(tempfile.mkdtemp(prefix="bench_"))
     for k in picks:
         point = front.points[k]
-        path = point.schedule.export(folder / f"point_{k}.py")
         reference = copy.deepcopy(built.model)
-        wrapped = load_wrap(path)(copy.deepcopy(built.model))
+        wrapped = wrap_with_schedule(
+            copy.deepcopy(built.model), front.model, point.schedule.to_dict()
+        )
+        training_step(wrapped, built.example_inputs, 0)  # capture and compile first
         with LiveBytesTracker(built.example_inputs[0].device) as meter:
             training_step(wrapped, built.example_inputs, 0)
         # A B A B: machine drift hits both alike
@@ -89,11 +90,12 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=12)
     parser.add_argument("--measure", type=int, default=3, help="front points to measure")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     built, plan, front, profiled, total = sweep(
-        args.model, args.batch_size, args.input_size, args.points
+        args.model, args.batch_size, args.input_size, args.points, args.device
     )
     fixed = front.fixed_bytes
     activations = front.baseline_peak_bytes - fixed

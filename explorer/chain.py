@@ -12,7 +12,8 @@ k; then the stages on either side only exchange
   operators anchored at or before k.
 
 Values that are never recomputed ("pinned": outputs of random operators, so a dropout mask is
-drawn once, and the model's outputs, which the user holds anyway) are kept for the whole
+drawn once, of operators that read a graph input the forward overwrites, and the model's
+outputs, which the user holds anyway) are kept for the whole
 step and are not part of any stage's decisions. Parameters, buffers and inputs are static.
 """
 
@@ -168,7 +169,7 @@ def _pinned_values(graph: Graph, forward: list) -> list[ValueRef]:
     outputs = {r[0] for r in graph.model_outputs if r is not None}
     pinned = []
     for node in forward:
-        if node.random or node.name in outputs:
+        if node.pinned or node.random or node.name in outputs:
             pinned += [(node.name, i) for i, m in enumerate(node.outputs) if m is not None]
     return pinned
 

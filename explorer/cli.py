@@ -49,25 +49,31 @@ def _tqdm_progress(desc: str) -> tuple[Callable[[int, int, str], None], Callable
 
 
 def _planner(args: argparse.Namespace):
+    import torch
+
     from explorer.models import build
     from explorer.planner import Planner
 
     device = args.device or _default_device()
     built = build(args.model, args.batch_size, args.input_size, device=device)
-    return Planner(built.model, built.example_inputs, spec=built.spec)
+    return Planner(
+        built.model,
+        built.example_inputs,
+        built.example_kwargs,
+        spec=built.spec,
+        autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp),
+    )
 
 
 def _profile(plan, out: Path):
     """Profile into OUT/profile.json, or reuse the one there. One made for another graph or
     device, or a corrupt one, is refused rather than overwritten."""
-    from explorer.profile import Profile
+    from explorer.profile import StepProfile
 
     path = out / "profile.json"
-    graph = plan.capture()
+    fingerprint = "+".join(g.fingerprint() for g in plan.capture())
     if path.exists():
-        plan.use_profile(
-            Profile.load(path, fingerprint=graph.fingerprint(), device=str(plan.device))
-        )
+        plan.use_profile(StepProfile.load(path, fingerprint=fingerprint, device=str(plan.device)))
         print(f"reusing {path}", file=sys.stderr)
         return plan.profile()
     update, close = _tqdm_progress("profile")
@@ -90,10 +96,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     plan = _planner(args)
     out = Path(args.out)
     profile = _profile(plan, out)
-    total = sum(profile.seconds.values())
+    operators = sum(len(p.seconds) for p in profile.graphs)
     print(
-        f"profiled {len(profile.seconds)} operators on {profile.device_name}: "
-        f"{total:.3f} s per step; wrote {out / 'profile.json'}"
+        f"profiled {operators} operators in {len(profile.graphs)} graph(s) on "
+        f"{profile.device_name}: {profile.total_seconds:.3f} s per step; "
+        f"wrote {out / 'profile.json'}"
     )
     return 0
 
@@ -112,7 +119,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         close()
     setup = solver.setup
     print(
-        f"chain of {setup.stages} stages, {setup.distinct_stages} distinct: {setup.ilps} ILPs "
+        f"{setup.graphs} graph(s), chain of {setup.stages} stages, "
+        f"{setup.distinct_stages} distinct: {setup.ilps} ILPs "
         f"(CBC) in {setup.ilp_seconds:.2f} s, table in {setup.table_seconds:.2f} s"
     )
     print(
@@ -181,6 +189,15 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     )
 
 
+def _amp_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--amp",
+        choices=["none", "bf16", "fp16"],
+        default="none",
+        help="plan the step under torch.autocast with this dtype (a plan of its own)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="remat-explorer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -195,12 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="time every operator of a training step")
     _model_args(p)
+    _amp_arg(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--out", required=True, help="folder for profile.json")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("sweep", help="solve budgets from the minimum to no recomputation")
     _model_args(p)
+    _amp_arg(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--points", type=int, default=12)
     p.add_argument("--time-limit", type=float, default=None, help="seconds per ILP solve")

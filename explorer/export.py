@@ -1,9 +1,10 @@
 """Write a schedule as a plain Python module that wraps the model.
 
 The module holds only literals (what it was made for, and the schedule) and a `wrap`
-function that hands them to `explorer.runtime`. It is written atomically: an interrupted
-export never leaves a half-written file. `read_module` reads those literals back without
-running the file (ast.literal_eval), so a corrupt file is reported, not executed.
+function that hands them to `explorer.backend`, the torch-only runtime. It is written
+atomically: an interrupted export never leaves a half-written file. `read_module` reads those
+literals back without running the file (ast.literal_eval), so a corrupt file is reported, not
+executed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from explorer.units import format_bytes
 _TEMPLATE = '''"""Rematerialization schedule written by remat-explorer.
 
 Model: {model}
-Inputs: {inputs}
+Planned for inputs: {inputs}{autocast}
 Budget: {budget}; predicted peak {peak} (no recomputation: {baseline});
 predicted compute overhead {overhead:+.1%}.
 
@@ -30,11 +31,12 @@ Use it like the model itself:
     model = {module}.wrap(model)   # the same parameters, trained as usual
     loss = criterion(model(x), y); loss.backward(); optimizer.step()
 
-`wrap` refuses a different model, input shape or dtype. Check it with
-`remat-explorer verify {filename}`.
+`wrap` refuses a model with other parameters. Other input shapes (a smaller last batch,
+another sequence length) reuse the plan, with a warning if they would exceed the budget.
+Check it with `remat-explorer verify {filename}`.
 """
 
-from explorer.runtime import wrap_with_schedule
+from explorer.backend import wrap_with_schedule
 
 MADE_FOR = {made_for}
 
@@ -47,7 +49,9 @@ def wrap(model):
 '''
 
 
-def write_module(schedule: Schedule, made_for: dict, path: str | Path) -> Path:
+def write_module(
+    schedule: Schedule, made_for: dict, path: str | Path, *, force: bool = False
+) -> Path:
     """Write the schedule module to `path` (a .py file)."""
     path = Path(path)
     if path.suffix != ".py":
@@ -58,7 +62,8 @@ def write_module(schedule: Schedule, made_for: dict, path: str | Path) -> Path:
     text = _TEMPLATE.format(
         model=f"{model.get('name')} (batch {model.get('batch_size')}, input size "
         f"{model.get('input_size')})",
-        inputs=f"{made_for['input_shapes']} {made_for['input_dtypes']}",
+        inputs=_inputs_line(made_for.get("inputs", {})),
+        autocast=f" under autocast {made_for['autocast']}" if made_for.get("autocast") else "",
         budget=format_bytes(schedule.budget_bytes) if schedule.budget_bytes else "none",
         peak=format_bytes(schedule.predicted_peak_bytes),
         baseline=format_bytes(made_for.get("baseline_peak_bytes", 0)),
@@ -72,9 +77,16 @@ def write_module(schedule: Schedule, made_for: dict, path: str | Path) -> Path:
 
 
 def _plain(schedule: Schedule) -> dict:
-    data = schedule.to_dict()
-    data["saved"] = [list(r) for r in data["saved"]]
-    return data
+    return schedule.to_dict()
+
+
+def _inputs_line(inputs: dict) -> str:
+    def one(x: object) -> str:
+        return f"{tuple(x['shape'])} {x['dtype']}" if isinstance(x, dict) else str(x)
+
+    parts = [one(a) for a in inputs.get("args", [])]
+    parts += [f"{k}={one(v)}" for k, v in inputs.get("kwargs", {}).items()]
+    return ", ".join(parts) or "none"
 
 
 def read_module(path: str | Path) -> tuple[dict, dict]:
@@ -99,6 +111,6 @@ def read_module(path: str | Path) -> tuple[dict, dict]:
         raise UserError(f"{path}: not a remat-explorer schedule (no MADE_FOR / SCHEDULE)")
     try:
         Schedule.from_dict(found["SCHEDULE"])  # type: ignore[arg-type]
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise UserError(f"{path}: corrupt SCHEDULE in schedule file ({exc})") from exc
     return found["MADE_FOR"], found["SCHEDULE"]  # type: ignore[return-value]

@@ -25,6 +25,7 @@ BACKWARD = "backward"
 EFFECT = "effect"  # in-place update of a buffer (BatchNorm running stats): forward only, once
 
 ROLE_PARAM, ROLE_BUFFER, ROLE_INPUT, ROLE_TANGENT = "param", "buffer", "input", "tangent"
+ROLE_CONSTANT = "constant"  # a tensor constant inside the graph: static, like a buffer
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,11 @@ class Node:
     inputs: list[ValueRef] = field(default_factory=list)
     outputs: list[TensorMeta | None] = field(default_factory=list)
     role: str | None = None  # placeholders only
-    random: bool = False  # draws random numbers: must never be recomputed
+    random: bool = False  # draws random numbers
     consts: str = ""  # the non-tensor arguments, for the fingerprint
+    # never recomputed: a random draw (drawn again it would differ), or an operator that reads
+    # a graph input the forward overwrites (recomputed, it would read the new value)
+    pinned: bool = False
 
     @property
     def out_bytes(self) -> int:
@@ -96,14 +100,14 @@ class Graph:
 
     def grad_copy_bytes(self) -> int:
         """Autograd copies a gradient whose layout differs from its parameter's (a transposed
-        Linear weight gradient) when it stores it in `.grad`, one at a time after our backward:
-        the largest such copy is a transient at the very end of the step."""
-        sizes = [
+        Linear weight gradient) when it stores it in `.grad`. The backward's own gradients stay
+        alive until the last is stored (AOTAutograd returns them together), so at the very end
+        of the step every such copy is alive beside them."""
+        return sum(
             self.meta(r).nbytes or _dense_bytes(self.meta(r))
             for r in self.input_grads
             if r is not None and not self.meta(r).contiguous
-        ]
-        return max(sizes, default=0)
+        )
 
     def static_bytes(self) -> int:
         """Parameters, buffers and inputs: alive before, during and after the step."""

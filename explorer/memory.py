@@ -45,6 +45,12 @@ class _NewStorageMode(TorchDispatchMode):
         super().__init__()
         self._on_op = on_op
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile trace and compile while we watch: a compiled model is measured
+        running its compiled code (otherwise Dynamo would fall back to eager under the mode)."""
+        return True
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:

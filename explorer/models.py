@@ -8,7 +8,9 @@ A SPEC is one of:
   random weights, nothing is ever downloaded);
 - ``sample:NAME`` for a model in ``sample_models`` (``unet``, ``gpt``, ``tiny_mlp`` ...);
 - ``package.module:factory`` for the user's own code: the module is imported and the factory
-  called with no arguments; it returns an ``nn.Module`` or a tuple ``(module, example_inputs)``.
+  called with no arguments; it returns an ``nn.Module``, or ``(module, args)``, or
+  ``(module, args, kwargs)``, or ``(module, kwargs_dict)`` with its own example inputs (as
+  ``torch.export`` takes them: a tensor or tuple of positional inputs, a dict of keyword ones).
 
 Models are built on the CPU right after ``torch.manual_seed(seed)``, then moved to the device
 and put in train mode, so the same seed gives the same parameters on every device. Example
@@ -22,7 +24,7 @@ import difflib
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple, TypeVar
 
 import torch
@@ -104,6 +106,7 @@ class Built:
     example_inputs: tuple[torch.Tensor, ...]
     spec: ModelSpec
     kind: str
+    example_kwargs: dict[str, object] = field(default_factory=dict)
 
 
 def list_specs() -> list[str]:
@@ -128,8 +131,9 @@ def build(
     made = _make(spec, input_size)
     model = made.model.to(dev).train()
     if made.inputs is not None:
-        inputs = tuple(x.to(dev) for x in made.inputs)
-        return Built(model, inputs, ModelSpec(spec, batch_size, input_size), "custom")
+        inputs = tuple(_to(x, dev) for x in made.inputs)
+        kwargs = {k: _to(v, dev) for k, v in (made.kwargs or {}).items()}
+        return Built(model, inputs, ModelSpec(spec, batch_size, input_size), "custom", kwargs)
     cpu_inputs = _example_inputs(model, made.kind, batch_size, made.size, seed)
     inputs = tuple(x.to(dev) for x in cpu_inputs)
     err = _probe(model, inputs, dev)
@@ -147,7 +151,8 @@ class _Made(NamedTuple):
     kind: str
     size: int
     default_size: int
-    inputs: tuple[torch.Tensor, ...] | None = None
+    inputs: tuple | None = None
+    kwargs: dict | None = None
 
 
 def _make(spec: str, input_size: int | None) -> _Made:
@@ -201,9 +206,9 @@ def _make_sample(spec: str, input_size: int | None) -> _Made:
 def _make_factory(spec: str, input_size: int | None) -> _Made:
     """The user's package.module:factory. Unless it returns its own example inputs, the
     input kind and default size are read from the model's first layer."""
-    model, inputs = _split_factory_result(_load_factory(spec)(), spec)
+    model, inputs, kwargs = _split_factory_result(_load_factory(spec)(), spec)
     if inputs is not None:
-        return _Made(model, "custom", 0, 0, inputs)
+        return _Made(model, "custom", 0, 0, inputs, kwargs)
     kind, default = _infer_input(model, spec)
     return _Made(model, kind, input_size or default, default)
 
@@ -232,21 +237,28 @@ def _load_factory(spec: str) -> Callable[[], object]:
     return factory
 
 
-def _split_factory_result(
-    result: object, spec: str
-) -> tuple[nn.Module, tuple[torch.Tensor, ...] | None]:
-    """Accept `module` or `(module, inputs)` where inputs is a tensor or a tuple of tensors."""
+def _split_factory_result(result: object, spec: str) -> tuple[nn.Module, tuple | None, dict]:
+    """Accept `module`, `(module, args)`, `(module, args, kwargs)` or `(module, kwargs)`, where
+    args is a tensor or a tuple and kwargs a dict of keyword inputs."""
     if isinstance(result, nn.Module):
-        return result, None
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
-        module, inputs = result
-        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
-        if isinstance(inputs, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in inputs):
-            return module, tuple(inputs)
+        return result, None, {}
+    if isinstance(result, tuple) and len(result) in (2, 3) and isinstance(result[0], nn.Module):
+        module, *rest = result
+        if len(rest) == 1 and isinstance(rest[0], dict):
+            rest = [(), rest[0]]
+        args = rest[0]
+        args = (args,) if isinstance(args, torch.Tensor) else args
+        kwargs = rest[1] if len(rest) == 2 else {}
+        if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
+            return module, tuple(args), dict(kwargs)
     raise UserError(
-        f"{spec} returned {type(result).__name__}; a factory returns an nn.Module "
-        "or a tuple (module, example_inputs) of tensors"
+        f"{spec} returned {type(result).__name__}; a factory returns an nn.Module, "
+        "(module, args), (module, args, kwargs) or (module, kwargs)"
     )
+
+
+def _to(x: object, device: torch.device) -> object:
+    return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
 def _infer_input(model: nn.Module, spec: str) -> tuple[str, int]:

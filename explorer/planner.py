@@ -1,9 +1,9 @@
 """The Python API: one object that carries a model through the pipeline.
 
-    plan = Planner(model, example_input)
-    plan.profile()                      # capture + time every operator on the model's device
-    front = plan.sweep(points=12)       # the Pareto front of schedules
-    schedule = front.at_budget("6 GB")  # or a fraction of the no-recompute peak: 0.5
+    plan = Planner(model, args)          # or Planner(model, args, kwargs), as torch.export
+    plan.profile()                       # capture + time every operator on the model's device
+    front = plan.sweep(points=12)        # the Pareto front of schedules
+    schedule = front.at_budget("6 GB")   # or a fraction of the activation memory: 0.5
     schedule.export("resnet50_6GB.py")
     report = schedule.verify()
 
@@ -14,108 +14,157 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
-from explorer.capture import Capture, capture
+from explorer.backend import parameter_signature
+from explorer.capture import CapturedGraph, capture
 from explorer.errors import UserError
 from explorer.export import write_module
 from explorer.graph import Graph
 from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec
-from explorer.profile import Profile, profile_step
-from explorer.program import baseline_schedule, compile_program
+from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn
 from explorer.schedule import Schedule
-from explorer.simulate import Timeline, simulate
-from explorer.solve import Solver, evaluate
+from explorer.simulate import Timeline
+from explorer.solve import Solver
+from explorer.step import StepSolver
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
 
 
 class Planner:
-    """Plans rematerialization for one model, one example input shape, on one device."""
+    """Plans rematerialization for one model and one example input, on the model's device.
+
+    `args` is a tensor or a tuple of positional inputs, `kwargs` a dict of keyword inputs (as
+    `torch.export` takes them); `autocast` a dtype (torch.bfloat16, torch.float16) to plan the
+    step as it runs under `torch.autocast`. A plan made under autocast is its own plan."""
 
     def __init__(
         self,
         model: nn.Module,
-        example_input: torch.Tensor | tuple | list,
+        args: Any = (),
+        kwargs: dict | None = None,
         *,
         spec: ModelSpec | None = None,
+        autocast: torch.dtype | None = None,
         max_stages: int = 48,
     ) -> None:
-        if isinstance(example_input, torch.Tensor):
-            example_input = (example_input,)
+        if not isinstance(model, nn.Module):
+            raise UserError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
         self.model = model.train()
-        self.example_inputs = tuple(example_input)
-        if not self.example_inputs or not all(
-            isinstance(x, torch.Tensor) for x in self.example_inputs
-        ):
-            raise UserError("example_input must be a tensor or a tuple of tensors")
+        self.example_inputs = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+        self.example_kwargs = dict(kwargs or {})
+        if not any(isinstance(x, torch.Tensor) for x in self.tensors):
+            raise UserError("the example inputs hold no tensor: pass a tensor or a tuple of them")
+        if autocast not in (None, torch.bfloat16, torch.float16):
+            raise UserError(f"autocast must be torch.bfloat16 or torch.float16, not {autocast}")
         self.spec = spec
+        self.autocast = autocast
         self.max_stages = max_stages
-        self._capture: Capture | None = None
-        self._profile: Profile | None = None
-        self._solvers: dict[float | None, Solver] = {}
-        self._baseline: Schedule | None = None
+        self._captured: list[CapturedGraph] | None = None
+        self._profile: StepProfile | None = None
+        self._solvers: dict[float | None, StepSolver] = {}
 
-    # -- pipeline ----------------------------------------------------------------------------
-
-    def capture(self) -> Graph:
-        """Trace the training step into an operator graph (cached)."""
-        if self._capture is None:
-            self._capture = capture(self.model, self.example_inputs)
-        return self._capture.graph
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The example inputs' tensors, positional then keyword."""
+        leaves = tree_leaves((self.example_inputs, self.example_kwargs))
+        return [x for x in leaves if isinstance(x, torch.Tensor)]
 
     @property
     def device(self) -> torch.device:
-        return self.example_inputs[0].device
+        return self.tensors[0].device
+
+    # -- pipeline ----------------------------------------------------------------------------
+
+    def capture(self) -> list[Graph]:
+        """The step's graphs, as the runtime will run them (cached)."""
+        if self._captured is None:
+            self._captured = capture(
+                self.model, self.example_inputs, self.example_kwargs, autocast=self.autocast
+            )
+        return [c.graph for c in self._captured]
 
     def profile(
         self, progress: ProgressFn | None = None, cancel: CancelToken | None = None
-    ) -> Profile:
-        """Time every operator on the model's device (cached)."""
+    ) -> StepProfile:
+        """Time every operator of every graph on the model's device (cached)."""
         self.capture()
         if self._profile is None:
-            static = [
-                *(p for _, p in self.model.named_parameters()),
-                *(b for _, b in self.model.named_buffers()),
-                *self.example_inputs,
-            ]
-            self._profile = profile_step(self._capture, static, progress=progress, cancel=cancel)
+            assert self._captured is not None
+            total = sum(len(c.graph.nodes) for c in self._captured)
+            done = 0
+            profiles = []
+            for captured in self._captured:
+
+                def forward(k: int, _n: int, message: str, base: int = done) -> None:
+                    if progress is not None:
+                        progress(base + k, total, message)
+
+                profiles.append(profile_graph(captured, progress=forward, cancel=cancel))
+                done += len(captured.graph.nodes)
+            first = profiles[0]
+            self._profile = StepProfile(profiles, first.device, first.device_name)
         return self._profile
 
-    def use_profile(self, profile: Profile) -> None:
+    def use_profile(self, profile: StepProfile) -> None:
         """Plan with a saved profile (from another run or machine) instead of profiling."""
-        graph = self.capture()
-        if profile.fingerprint != graph.fingerprint():
+        graphs = self.capture()
+        fingerprint = "+".join(g.fingerprint() for g in graphs)
+        if profile.fingerprint != fingerprint:
             raise UserError(
                 f"the profile is for graph {profile.fingerprint}, this model traces to "
-                f"{graph.fingerprint()}: profile this model again"
+                f"{fingerprint}: profile this model again"
             )
         self._profile = profile
         self._solvers.clear()
-        self._baseline = None
 
     def solver(
         self,
         time_limit: float | None = None,
         progress: ProgressFn | None = None,
         cancel: CancelToken | None = None,
-    ) -> Solver:
-        """The prepared solver (stage ILPs and the chain table), cached per time limit."""
+    ) -> StepSolver:
+        """The prepared solvers (one per graph), cached per time limit."""
         if time_limit not in self._solvers:
             profile = self.profile(cancel=cancel)
-            self._solvers[time_limit] = Solver(
-                self.capture(),
-                profile,
-                time_limit=time_limit,
-                max_stages=self.max_stages,
-                progress=progress,
-                cancel=cancel,
+            graphs = self.capture()
+            solvers = [
+                Solver(
+                    graph,
+                    graph_profile,
+                    time_limit=time_limit,
+                    max_stages=self.max_stages,
+                    progress=progress,
+                    cancel=cancel,
+                )
+                for graph, graph_profile in zip(graphs, profile.graphs, strict=True)
+            ]
+            assert self._captured is not None
+            self._solvers[time_limit] = StepSolver(
+                graphs,
+                solvers,
+                self._static_bytes(),
+                [p.workspace for p in profile.graphs],
+                [c.handoff for c in self._captured],
             )
         return self._solvers[time_limit]
+
+    def _static_bytes(self) -> int:
+        """Parameters, buffers, constants and the user's inputs, each storage once."""
+        graphs = self.capture()
+        if len(graphs) == 1:
+            return graphs[0].static_bytes()
+        assert self._captured is not None
+        static = list(self.tensors)
+        for captured in self._captured:
+            static += captured.state_tensors()
+        return tensor_bytes(static)
 
     def sweep(
         self,
@@ -132,7 +181,8 @@ class Planner:
         )
         for point in found:
             point.schedule.context = self
-        setup = solver.setup
+        setup = solver.setup.to_dict()
+        setup["device"] = self._profile.device_name if self._profile else ""
         return Front(
             model=self.made_for(),
             fingerprint=solver.fingerprint,
@@ -140,15 +190,7 @@ class Planner:
             baseline_step_seconds=solver.baseline.predicted_seconds,
             fixed_bytes=solver.fixed_bytes,
             points=found,
-            setup={
-                "stages": setup.stages,
-                "distinct_stages": setup.distinct_stages,
-                "ilps": setup.ilps,
-                "ilp_seconds": setup.ilp_seconds,
-                "table_seconds": setup.table_seconds,
-                "worst_gap": setup.worst_gap,
-                "device": self._profile.device_name if self._profile else "",
-            },
+            setup=setup,
             context=self,
         )
 
@@ -172,55 +214,69 @@ class Planner:
         return schedule
 
     def baseline(self) -> Schedule:
-        """No recomputation: keep what autograd keeps (needs a profile, not the solver)."""
-        if self._baseline is None:
-            graph = self.capture()
-            self._baseline = evaluate(graph, self.profile(), baseline_schedule(graph))
-        schedule = Schedule.from_dict(self._baseline.to_dict())
+        """No recomputation: keep what autograd keeps."""
+        schedule = self.solver().baseline.copy()
         schedule.context = self
         return schedule
 
     # -- what schedules delegate to ----------------------------------------------------------
 
     def timeline(self, schedule: Schedule) -> Timeline:
-        graph = self.capture()
-        workspace = self._profile.workspace if self._profile else None
-        return simulate(graph, compile_program(graph, schedule), workspace)
+        return self.solver().timeline(schedule.graphs)
 
     def made_for(self) -> dict:
-        """What an exported schedule records about the model it was made for."""
-        graph = self.capture()
+        """What an exported schedule records about the model and inputs it was made for."""
+        graphs = self.capture()
         spec = self.spec
-        name = spec.name if spec else type(self.model).__name__
+        first = self.example_inputs[0] if self.example_inputs else self.tensors[0]
         return {
             "model": {
-                "name": name,
-                "batch_size": spec.batch_size if spec else int(self.example_inputs[0].shape[0]),
+                "name": spec.name if spec else type(self.model).__name__,
+                "batch_size": spec.batch_size if spec else _batch(first),
                 "input_size": spec.input_size if spec else None,
                 "buildable": spec is not None,
             },
-            "input_shapes": [list(x.shape) for x in self.example_inputs],
-            "input_dtypes": [str(x.dtype) for x in self.example_inputs],
-            "param_names": [n for n, _ in self.model.named_parameters()],
-            "fingerprint": graph.fingerprint(),
+            "inputs": _describe_inputs(self.example_inputs, self.example_kwargs),
+            "autocast": str(self.autocast) if self.autocast else None,
+            "parameters": parameter_signature(self.model),
+            "fingerprints": [g.fingerprint() for g in graphs],
             "device": str(self.device),
             "seed": 0,
-            "static_bytes": tensor_bytes(
-                [*self.model.parameters(), *self.model.buffers(), *self.example_inputs]
-            ),
-            "baseline_peak_bytes": self.baseline().predicted_peak_bytes,
+            "static_bytes": tensor_bytes([*self.model.parameters(), *self.model.buffers()])
+            + tensor_bytes(self.tensors),
+            "baseline_peak_bytes": self.solver().baseline.predicted_peak_bytes,
         }
 
-    def export(self, schedule: Schedule, path: str | Path) -> Path:
-        return write_module(schedule, self.made_for(), path)
+    def export(self, schedule: Schedule, path: str | Path, *, force: bool = False) -> Path:
+        return write_module(schedule, self.made_for(), path, force=force)
 
     def verify_schedule(self, schedule: Schedule, device: str | None = None, path=None):
         from explorer.verify import verify
 
-        if path is None:
-            folder = Path(tempfile.mkdtemp(prefix="remat_"))
-            path = folder / "schedule.py"
-        written = self.export(schedule, path)
         if device is not None and torch.device(device) != self.device:
             raise UserError("verify on another device: export and run `remat-explorer verify`")
-        return verify(written, model=self.model, example_inputs=self.example_inputs)
+        if path is None:
+            path = Path(tempfile.mkdtemp(prefix="remat_")) / "schedule.py"
+        written = self.export(schedule, path, force=True)
+        return verify(
+            written,
+            model=self.model,
+            example_inputs=self.example_inputs,
+            example_kwargs=self.example_kwargs,
+            autocast=self.autocast,
+        )
+
+
+def _batch(x: Any) -> int | None:
+    return int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() > 0 else None
+
+
+def _describe_inputs(args: tuple, kwargs: dict) -> dict:
+    """Shapes and dtypes of the example inputs (what the plan's sizes were computed for)."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return {"shape": list(x.shape), "dtype": str(x.dtype)}
+        return repr(x)
+
+    return {"args": [one(a) for a in args], "kwargs": {k: one(v) for k, v in kwargs.items()}}

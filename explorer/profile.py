@@ -18,14 +18,15 @@ from pathlib import Path
 
 import torch
 
-from explorer.capture import Capture
+from explorer.capture import CapturedGraph
 from explorer.errors import UserError
 from explorer.execute import op_table, store
+from explorer.fxgraph import is_tangent
 from explorer.graph import Graph
 from explorer.program import baseline_schedule, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 @dataclass
@@ -38,10 +39,46 @@ class Profile:
     seconds: dict[str, float]
     workspace: dict[str, int] = field(default_factory=dict)
     graph: Graph | None = None
-    torch_version: str = torch.__version__
 
     def time_of(self, node: str) -> float:
         return self.seconds.get(node, 0.0)
+
+    def to_dict(self) -> dict:
+        return {
+            "fingerprint": self.fingerprint,
+            "seconds": self.seconds,
+            "workspace": self.workspace,
+            "graph": self.graph.to_dict() if self.graph is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, device: str, device_name: str) -> Profile:
+        return cls(
+            fingerprint=str(data["fingerprint"]),
+            device=device,
+            device_name=device_name,
+            seconds={str(k): float(v) for k, v in data["seconds"].items()},
+            workspace={str(k): int(v) for k, v in data.get("workspace", {}).items()},
+            graph=Graph.from_dict(data["graph"]) if data.get("graph") else None,
+        )
+
+
+@dataclass
+class StepProfile:
+    """The profiles of every graph of a step, measured on one device: `profile.json`."""
+
+    graphs: list[Profile]
+    device: str
+    device_name: str
+    torch_version: str = torch.__version__
+
+    @property
+    def fingerprint(self) -> str:
+        return "+".join(p.fingerprint for p in self.graphs)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(sum(p.seconds.values()) for p in self.graphs)
 
     def to_dict(self) -> dict:
         return {
@@ -50,9 +87,7 @@ class Profile:
             "device": self.device,
             "device_name": self.device_name,
             "torch_version": self.torch_version,
-            "seconds": self.seconds,
-            "workspace": self.workspace,
-            "graph": self.graph.to_dict() if self.graph is not None else None,
+            "graphs": [p.to_dict() for p in self.graphs],
         }
 
     def save(self, path: str | Path) -> Path:
@@ -61,25 +96,27 @@ class Profile:
         return write_atomic(Path(path), json.dumps(self.to_dict()))
 
     @classmethod
-    def load(cls, path: str | Path, *, fingerprint: str | None = None, device: str | None = None):
-        """Read a profile; refuse one made for another graph or device."""
+    def load(
+        cls, path: str | Path, *, fingerprint: str | None = None, device: str | None = None
+    ) -> StepProfile:
+        """Read a profile.json; refuse one made for other graphs or another device."""
         from explorer.files import read_json
 
         data = read_json(Path(path), what="profile")
+        if data.get("schema") != SCHEMA:
+            raise UserError(f"{path}: profile schema {data.get('schema')!r} is not {SCHEMA}")
         try:
-            if data.get("schema") != SCHEMA:
-                raise UserError(f"{path}: profile schema {data.get('schema')} is not {SCHEMA}")
+            dev, name = str(data["device"]), str(data["device_name"])
             profile = cls(
-                fingerprint=str(data["fingerprint"]),
-                device=str(data["device"]),
-                device_name=str(data["device_name"]),
-                seconds={str(k): float(v) for k, v in data["seconds"].items()},
-                workspace={str(k): int(v) for k, v in data.get("workspace", {}).items()},
-                graph=Graph.from_dict(data["graph"]) if data.get("graph") else None,
+                graphs=[Profile.from_dict(g, dev, name) for g in data["graphs"]],
+                device=dev,
+                device_name=name,
                 torch_version=str(data.get("torch_version", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: not a valid profile ({type(exc).__name__}: {exc})") from exc
+        if not profile.graphs:
+            raise UserError(f"{path}: not a valid profile (no graphs)")
         if fingerprint is not None and profile.fingerprint != fingerprint:
             raise UserError(
                 f"{path}: profile is for graph {profile.fingerprint}, this model traces to "
@@ -131,23 +168,22 @@ def _workspace(device: torch.device, fn, out_bytes: int) -> int:
     return max(0, torch.cuda.max_memory_allocated(device) - base - out_bytes)
 
 
-def profile_step(
-    cap: Capture,
-    static: list[torch.Tensor],
+def profile_graph(
+    captured: CapturedGraph,
     *,
     repeats: int = 3,
     progress: ProgressFn | None = None,
     cancel: CancelToken | None = None,
 ) -> Profile:
-    """Profile every operator. `static` = parameters, buffers, inputs (they are copied)."""
-    graph = cap.graph
-    device = static[0].device if static else torch.device("cpu")
+    """Time every operator of one captured graph, run in order on copies of its inputs."""
+    graph = captured.graph
+    device = _device_of(captured)
     program = compile_program(graph, baseline_schedule(graph))
-    ops = op_table(cap.fx_graph)
+    ops = op_table(captured.joint.graph)
     slots: list = [None] * len(program.slot_of)
     with torch.no_grad():
-        for slot, tensor in zip(program.static_slots, static, strict=True):
-            slots[slot] = tensor.detach().clone()
+        for slot, tensor in zip(program.static_slots, _static_values(captured), strict=True):
+            slots[slot] = tensor
         for node in graph.placeholders("tangent"):
             meta = node.outputs[0]
             slots[program.slot_of[(node.name, 0)]] = torch.ones(
@@ -175,3 +211,20 @@ def profile_step(
             if k % 8 == 0 or k == len(instrs) - 1:
                 report(progress, k + 1, len(instrs), f"profiling {instr.node}")
     return Profile(graph.fingerprint(), str(device), device_name(device), seconds, workspace, graph)
+
+
+def _static_values(captured: CapturedGraph) -> list[torch.Tensor]:
+    """Copies of the graph's inputs and constants, in the IR's placeholder order."""
+    primals = iter(captured.primals)
+    values = []
+    for node in captured.joint.graph.nodes:
+        if node.op == "placeholder" and not is_tangent(node):
+            values.append(next(primals).detach().clone())
+        elif node.op == "get_attr":
+            values.append(getattr(captured.joint, node.target).detach().clone())
+    return values
+
+
+def _device_of(captured: CapturedGraph) -> torch.device:
+    first = next((p for p in captured.primals if isinstance(p, torch.Tensor)), None)
+    return first.device if first is not None else torch.device("cpu")

@@ -10,10 +10,10 @@ all earlier, so it is already free).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from explorer.graph import BACKWARD, EFFECT, FORWARD, PLACEHOLDER, ROLE_TANGENT, Graph, ValueRef
-from explorer.schedule import Schedule
+from explorer.schedule import GraphSchedule
 
 
 @dataclass
@@ -23,6 +23,18 @@ class Instr:
     out_slots: list[int | None]  # None: output that is not a tensor
     frees: list[int] = field(default_factory=list)
     recompute: bool = False
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """How one graph of a step made of several meets the others (explorer.step).
+
+    `transient_inputs`: placeholders that an earlier graph made and nobody else holds: alive
+    from the start of this graph until their last use here. `passed_on`: outputs that only
+    later graphs read: freed when this graph's forward ends (the next graph counts them)."""
+
+    transient_inputs: frozenset[str] = frozenset()
+    passed_on: frozenset[ValueRef] = frozenset()
 
 
 @dataclass
@@ -38,6 +50,9 @@ class StepProgram:
     backward: list[Instr]
     grad_slots: list[int | None]  # one per graph input (parameters, buffers, inputs)
     unread_saved: list[int] = field(default_factory=list)  # saved but never read: freed first
+    transient_slots: list[int] = field(default_factory=list)  # Handoff.transient_inputs
+    unread_transient: list[int] = field(default_factory=list)  # never read: freed at once
+    passed_on_slots: list[int] = field(default_factory=list)  # freed when the forward ends
 
 
 def _slot_table(graph: Graph) -> dict[ValueRef, int]:
@@ -87,41 +102,125 @@ def _instr(graph: Graph, table: dict[ValueRef, int], name: str, recompute: bool)
     )
 
 
-def compile_program(graph: Graph, schedule: Schedule) -> StepProgram:
-    """Lower a schedule into forward and backward instruction lists with frees."""
+def compile_program(
+    graph: Graph, schedule: GraphSchedule, handoff: Handoff | None = None
+) -> StepProgram:
+    """Lower a schedule into forward and backward instruction lists with frees.
+
+    Work whose result nobody reads is left out first (`prune`), as FX leaves it out of the
+    graphs the runtime runs, so the program is exactly what runs. `handoff` says which inputs
+    and outputs are only passing through, when the step has several graphs."""
+    schedule = prune(graph, schedule)
+    handoff = handoff or Handoff()
     table = _slot_table(graph)
-    static = [
-        table[(n.name, 0)]
+    placeholders = [
+        n
         for n in graph.nodes
         if n.phase == PLACEHOLDER and n.role != ROLE_TANGENT and n.outputs[0] is not None
     ]
+    transient = [table[(n.name, 0)] for n in placeholders if n.name in handoff.transient_inputs]
+    static = [table[(n.name, 0)] for n in placeholders if n.name not in handoff.transient_inputs]
     tangents = [table[(n.name, 0)] for n in graph.placeholders(ROLE_TANGENT)]
     outputs = [table[r] for r in graph.model_outputs if r is not None]
     saved = [table[r] for r in schedule.saved]
 
-    forward = [
-        _instr(graph, table, n.name, False) for n in graph.nodes if n.phase in (FORWARD, EFFECT)
-    ]
-    keep_fwd = set(static) | set(saved) | set(outputs)
-    _assign_frees(forward, keep_fwd, set())
-
     phase = {n.name: n.phase for n in graph.nodes}
     backward = [_instr(graph, table, name, phase[name] == FORWARD) for name in schedule.backward]
+    read_later = {s for instr in backward for s in instr.in_slots}
+    bw_transient = [s for s in transient if s in read_later]
+    passed_on = [table[r] for r in handoff.passed_on if table[r] not in read_later]
+
+    needed = _forward_needed(graph, set(schedule.saved))
+    forward = [_instr(graph, table, n.name, False) for n in graph.nodes if n.name in needed]
+    keep_fwd = set(static) | set(saved) | set(outputs) | set(bw_transient)
+    unread_transient = _assign_frees(forward, keep_fwd, set(transient))
+
     grads = [None if r is None else table[r] for r in graph.input_grads]
+    kept_outputs = set(outputs) - set(passed_on)
     # autograd holds the tangents for the whole backward, so they are never ours to free
-    keep_bwd = set(static) | set(outputs) | set(tangents) | {g for g in grads if g is not None}
-    unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents))
-    return StepProgram(table, static, forward, saved, outputs, tangents, backward, grads, unread)
+    keep_bwd = set(static) | kept_outputs | set(tangents) | {g for g in grads if g is not None}
+    unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents) | set(bw_transient))
+    return StepProgram(
+        table,
+        static,
+        forward,
+        saved,
+        outputs,
+        tangents,
+        backward,
+        grads,
+        unread,
+        transient,
+        unread_transient,
+        passed_on,
+    )
+
+
+def prune(graph: Graph, schedule: GraphSchedule) -> GraphSchedule:
+    """The schedule without backward work whose outputs nobody reads (a recomputation made
+    for nothing), and with exactly the saved values the remaining backward reads."""
+    wanted = {r for r in graph.input_grads if r is not None}
+    kept: list[str] = []
+    for name in reversed(schedule.backward):
+        node = graph.node(name)
+        made = {(name, i) for i in range(len(node.outputs))}
+        if made & wanted:
+            kept.append(name)
+            wanted -= made
+            wanted.update(node.inputs)
+    kept.reverse()
+    if len(kept) == len(schedule.backward):
+        return schedule
+    forward = {n.name for n in graph.nodes if n.phase == FORWARD}
+    return replace(
+        schedule,
+        saved=_read_before_made(graph, kept, forward),
+        backward=kept,
+        recomputed=list(dict.fromkeys(n for n in kept if n in forward)),
+    )
+
+
+def _read_before_made(graph: Graph, order: list[str], forward: set[str]) -> list[ValueRef]:
+    """Forward values that `order` reads before (or without) making them again."""
+    made_again: set[ValueRef] = set()
+    saved: list[ValueRef] = []
+    for name in order:
+        for ref in graph.node(name).inputs:
+            if ref[0] in forward and ref not in made_again and ref not in saved:
+                saved.append(ref)
+        if name in forward:
+            made_again.update((name, i) for i in range(len(graph.node(name).outputs)))
+    return saved
+
+
+def _forward_needed(graph: Graph, saved: set[ValueRef]) -> set[str]:
+    """The forward operators that run: those the model outputs, the saved values, the buffer
+    updates and the random draws depend on. A value that only the backward reads, and that the
+    schedule recomputes there instead of saving, is not computed in the forward at all (the
+    forward graph the partition builds leaves it out the same way)."""
+    roots = [r[0] for r in graph.model_outputs if r is not None] + [r[0] for r in saved]
+    roots += [n.name for n in graph.nodes if n.phase == EFFECT or (n.phase == FORWARD and n.random)]
+    needed: set[str] = set()
+    while roots:
+        name = roots.pop()
+        node = graph.node(name)
+        if name in needed or node.phase not in (FORWARD, EFFECT):
+            continue
+        needed.add(name)
+        roots.extend(ref[0] for ref in node.inputs)
+    return needed
 
 
 def check_program(graph: Graph, program: StepProgram) -> str | None:
     """Why this program cannot run (a value read before it exists), or None if it can."""
-    live = set(program.static_slots)
+    live = set(program.static_slots) | set(program.transient_slots)
+    live -= set(program.unread_transient)
     missing = _first_unready(program.forward, live)
     if missing:
         return f"forward: {missing} reads a value not yet computed"
-    live = set(program.static_slots) | set(program.saved_slots) | set(program.tangent_slots)
-    live |= set(program.output_slots)
+    live -= set(program.passed_on_slots)
+    live |= set(program.static_slots) | set(program.saved_slots) | set(program.tangent_slots)
+    live |= set(program.output_slots) - set(program.passed_on_slots)
     live -= set(program.unread_saved)
     missing = _first_unready(program.backward, live)
     if missing:
@@ -140,14 +239,50 @@ def _first_unready(instrs: list[Instr], live: set[int]) -> str | None:
     return None
 
 
-def baseline_schedule(graph: Graph) -> Schedule:
+def baseline_schedule(graph: Graph) -> GraphSchedule:
     """Keep every forward value the backward reads; recompute nothing (what eager does)."""
     backward_nodes = [n for n in graph.nodes if n.phase == BACKWARD]
-    forward_names = {n.name for n in graph.nodes if n.phase in (FORWARD, EFFECT, PLACEHOLDER)}
     saved: list[ValueRef] = []
     for node in backward_nodes:
         for ref in node.inputs:
-            producer = graph.node(ref[0])
-            if ref[0] in forward_names and producer.phase == FORWARD and ref not in saved:
+            if graph.node(ref[0]).phase == FORWARD and ref not in saved:
                 saved.append(ref)
-    return Schedule(graph.fingerprint(), saved, [n.name for n in backward_nodes])
+    return _schedule(graph, saved, [n.name for n in backward_nodes])
+
+
+def schedule_from_saved(graph: Graph, keep: set[ValueRef]) -> GraphSchedule:
+    """A schedule that keeps `keep` (plus every pinned value the backward needs) and recomputes
+    any other forward value right before its first reader in the backward, in the traced order;
+    a recomputed value lives until its last reader. Valid for any `keep`: this is how a plan is
+    carried over to a graph it was not made for."""
+    forward = {n.name: n for n in graph.nodes if n.phase == FORWARD}
+    available = {ref for ref in keep if ref[0] in forward}
+    available |= {ref for ref in graph.model_outputs if ref is not None}  # the user holds them
+    order: list[str] = []
+
+    def make(ref: ValueRef) -> None:
+        if ref in available or ref[0] not in forward:
+            return
+        node = forward[ref[0]]
+        if node.pinned:
+            available.add(ref)  # kept from the forward: never recomputed
+            return
+        for source in node.inputs:
+            make(source)
+        order.append(node.name)
+        available.update((node.name, i) for i in range(len(node.outputs)))
+
+    for node in graph.nodes:
+        if node.phase == BACKWARD:
+            for ref in node.inputs:
+                make(ref)
+            order.append(node.name)
+    return _schedule(graph, _read_before_made(graph, order, set(forward)), order)
+
+
+def _schedule(graph: Graph, saved: list[ValueRef], backward: list[str]) -> GraphSchedule:
+    forward = {n.name for n in graph.nodes if n.phase == FORWARD}
+    recomputed = list(dict.fromkeys(name for name in backward if name in forward))
+    return GraphSchedule(
+        graph.fingerprint(), saved, backward, recomputed=recomputed, structure=graph.structure()
+    )

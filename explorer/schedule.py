@@ -1,11 +1,16 @@
-"""What a solver decides, as plain data: which tensors survive the forward, and the order of
-everything that runs in the backward (recomputations included).
+"""What a plan decides, as plain data.
 
-The forward always runs every forward operator once, in traced order, so random operators
-draw exactly what the unmodified model draws. A schedule then keeps `saved` alive for the
-backward and frees the rest as early as possible. `backward` lists node names in execution
-order: backward operators, and forward operators that are recomputed there (a forward node
-may appear several times: each appearance is one recomputation).
+`GraphSchedule` is the plan for one captured graph (one FX joint graph, see explorer.fxgraph):
+which forward values survive the forward (`saved`), and the order of everything that runs in
+the backward (`backward`: backward operators and the forward operators recomputed there; a
+forward node may appear several times, each appearance one recomputation). The forward always
+runs every forward operator it needs once, in traced order, so random operators draw exactly
+what the unmodified model draws.
+
+`Schedule` is the plan for a whole training step: one `GraphSchedule` per graph that Dynamo
+captured (most models give one graph; code Dynamo cannot trace splits the model into several),
+with what the planner predicted for the step. It is what a front holds, what `export` writes
+and what the runtime (explorer.backend) applies.
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ from explorer.graph import ValueRef
 
 
 @dataclass
-class Schedule:
-    """One executable plan for the training step, plus what the planner predicted for it."""
+class GraphSchedule:
+    """One graph's plan, plus what the solver predicted for that graph alone."""
 
-    fingerprint: str
+    fingerprint: str  # of the graph it was made for (explorer.graph.Graph.fingerprint)
     saved: list[ValueRef]
     backward: list[str]
     predicted_peak_bytes: int = 0
@@ -30,7 +35,7 @@ class Schedule:
     gap: float = 0.0
     solve_seconds: float = 0.0
     recomputed: list[str] = field(default_factory=list)
-    context: object | None = field(default=None, repr=False, compare=False)
+    structure: str = ""  # the graph's shape-free structure hash (Graph.structure)
 
     @property
     def predicted_overhead(self) -> float:
@@ -39,12 +44,10 @@ class Schedule:
             return 0.0
         return self.predicted_seconds / self.baseline_seconds - 1.0
 
-    def recomputed_ops(self) -> list[str]:
-        return list(self.recomputed)
-
     def to_dict(self) -> dict:
         return {
             "fingerprint": self.fingerprint,
+            "structure": self.structure,
             "saved": [list(r) for r in self.saved],
             "backward": list(self.backward),
             "predicted_peak_bytes": self.predicted_peak_bytes,
@@ -58,19 +61,81 @@ class Schedule:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> Schedule:
+    def from_dict(cls, data: dict) -> GraphSchedule:
         fields = dict(data)
-        fields["saved"] = [tuple(r) for r in data["saved"]]
+        fields["saved"] = [(str(r[0]), int(r[1])) for r in data["saved"]]
+        fields["backward"] = [str(n) for n in data["backward"]]
         return cls(**fields)
 
-    # the planner attaches itself as `context`; these delegate to it so a schedule is usable alone
+
+@dataclass
+class Schedule:
+    """A whole training step's plan: one GraphSchedule per captured graph, in capture order."""
+
+    graphs: list[GraphSchedule]
+    predicted_peak_bytes: int = 0
+    predicted_seconds: float = 0.0
+    baseline_seconds: float = 0.0
+    budget_bytes: int | None = None
+    status: str = "optimal"
+    gap: float = 0.0
+    solve_seconds: float = 0.0
+    context: object | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def predicted_overhead(self) -> float:
+        """Extra compute over the no-recompute step: 0.05 means 5% more."""
+        if self.baseline_seconds <= 0:
+            return 0.0
+        return self.predicted_seconds / self.baseline_seconds - 1.0
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprints of the graphs it was made for, joined: one string per step."""
+        return "+".join(g.fingerprint for g in self.graphs)
+
+    @property
+    def recomputed(self) -> list[str]:
+        """Operators recomputed in the backward, graph by graph (g1:relu_3 with several
+        graphs, plain node names with one)."""
+        if len(self.graphs) == 1:
+            return list(self.graphs[0].recomputed)
+        return [f"g{k + 1}:{name}" for k, g in enumerate(self.graphs) for name in g.recomputed]
+
+    def recomputed_ops(self) -> list[str]:
+        return self.recomputed
+
+    def to_dict(self) -> dict:
+        return {
+            "graphs": [g.to_dict() for g in self.graphs],
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_seconds": self.predicted_seconds,
+            "baseline_seconds": self.baseline_seconds,
+            "budget_bytes": self.budget_bytes,
+            "status": self.status,
+            "gap": self.gap,
+            "solve_seconds": self.solve_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Schedule:
+        fields = {k: v for k, v in data.items() if k != "graphs"}
+        return cls([GraphSchedule.from_dict(g) for g in data["graphs"]], **fields)
+
+    def copy(self) -> Schedule:
+        """An independent copy, attached to the same planner."""
+        again = Schedule.from_dict(self.to_dict())
+        again.context = self.context
+        return again
+
+    # a planner attaches itself as `context`; these delegate to it so a schedule is usable alone
     def timeline(self):
-        """Memory after each operator (see explorer.simulate)."""
+        """Memory after each operator of the step (see explorer.simulate)."""
         return self._planner().timeline(self)
 
-    def export(self, path):
+    def export(self, path, **options):
         """Write a Python module that wraps the model to follow this schedule."""
-        return self._planner().export(self, path)
+        return self._planner().export(self, path, **options)
 
     def verify(self, device: str | None = None, path=None):
         """Export to a temporary file (or `path`) and check it against the unmodified model."""

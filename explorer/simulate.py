@@ -25,6 +25,7 @@ class Timeline:
     labels: list[str]
     phase: list[str]  # "forward" | "backward" | "recompute"
     static_bytes: int
+    held_bytes: int = 0  # alive beyond the static bytes when the forward ends (saved, outputs)
 
     @property
     def peak_bytes(self) -> int:
@@ -95,16 +96,29 @@ def _run(
 def simulate(
     graph: Graph, program: StepProgram, workspace: dict[str, int] | None = None
 ) -> Timeline:
-    """Memory timeline of one training step under `program`.
+    """Memory timeline of one graph's step under `program` (see explorer.step for a step made
+    of several graphs).
 
     `workspace` (from a CUDA profile) adds each operator's scratch memory while it runs."""
     workspace = workspace or {}
     mem = _Storages()
+    transient: list[tuple[int, int]] = []
     for node in graph.nodes:
         if node.phase == PLACEHOLDER and node.role != ROLE_TANGENT and node.outputs[0]:
-            mem.bind(program.slot_of[(node.name, 0)], node.outputs[0].nbytes, None)
+            slot = program.slot_of[(node.name, 0)]
+            if slot in program.transient_slots:
+                transient.append((slot, node.outputs[0].nbytes))
+            else:
+                mem.bind(slot, node.outputs[0].nbytes, None)
     timeline = Timeline([], [], [], mem.live)
+    for slot, nbytes in transient:  # alive, but made by an earlier graph: not static
+        mem.bind(slot, nbytes, None)
+    for slot in program.unread_transient:
+        mem.clear(slot)
     _run(graph, program.forward, mem, timeline, "forward", workspace)
+    for slot in program.passed_on_slots:
+        mem.clear(slot)
+    timeline.held_bytes = mem.live - timeline.static_bytes
     for node in graph.placeholders(ROLE_TANGENT):
         mem.bind(program.slot_of[(node.name, 0)], node.out_bytes, None)
     for slot in program.unread_saved:

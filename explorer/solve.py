@@ -20,7 +20,7 @@ from explorer.profile import Profile
 from explorer.program import baseline_schedule, check_program, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.rotor import ChainTable, Step, fresh_frontier_bytes, stage_costs
-from explorer.schedule import Schedule
+from explorer.schedule import GraphSchedule
 from explorer.simulate import simulate
 from explorer.stage_ilp import (
     StageOption,
@@ -87,7 +87,7 @@ class Solver:
             worst_gap=max((o.gap for o in flat), default=0.0),
             statuses={s: sum(1 for o in flat if o.status == s) for s in {o.status for o in flat}},
         )
-        self._minimum: Schedule | None = None
+        self._minimum: GraphSchedule | None = None
 
     # -- preparation -------------------------------------------------------------------------
 
@@ -137,14 +137,14 @@ class Solver:
 
     # -- answers -----------------------------------------------------------------------------
 
-    def evaluate(self, schedule: Schedule) -> Schedule:
+    def evaluate(self, schedule: GraphSchedule) -> GraphSchedule:
         """Fill in a schedule's predicted peak and time by compiling and simulating it."""
         base = getattr(self, "baseline", None)
         return evaluate(
             self.graph, self.profile, schedule, base.predicted_seconds if base else None
         )
 
-    def minimum(self) -> Schedule:
+    def minimum(self) -> GraphSchedule:
         """The leanest schedule found: the table's, or no recomputation if that is leaner."""
         if self._minimum is None:
             lowest = self.table.min_units()
@@ -154,7 +154,7 @@ class Solver:
             self._minimum = found
         return self._minimum
 
-    def solve(self, budget_bytes: int) -> Schedule:
+    def solve(self, budget_bytes: int) -> GraphSchedule:
         """The fastest schedule whose simulated peak is at most `budget_bytes`."""
         started = time.perf_counter()
         if budget_bytes >= self.baseline.predicted_peak_bytes:
@@ -165,7 +165,7 @@ class Solver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
-    def _within(self, budget: int) -> Schedule:
+    def _within(self, budget: int) -> GraphSchedule:
         minimum = self.minimum()
         if minimum.predicted_peak_bytes > budget:
             raise UserError(
@@ -189,7 +189,7 @@ class Solver:
                 hi = mid - 1
         return self._copy(best)
 
-    def _schedule_at(self, units: int) -> Schedule:
+    def _schedule_at(self, units: int) -> GraphSchedule:
         steps = self.table.sequence(units)
         schedule = self.evaluate(
             _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
@@ -200,13 +200,13 @@ class Solver:
         return schedule
 
     @staticmethod
-    def _copy(schedule: Schedule) -> Schedule:
-        return Schedule.from_dict(schedule.to_dict())
+    def _copy(schedule: GraphSchedule) -> GraphSchedule:
+        return GraphSchedule.from_dict(schedule.to_dict())
 
 
 def evaluate(
-    graph: Graph, profile: Profile, schedule: Schedule, baseline_seconds: float | None = None
-) -> Schedule:
+    graph: Graph, profile: Profile, schedule: GraphSchedule, baseline_seconds: float | None = None
+) -> GraphSchedule:
     """Fill in a schedule's predicted peak, time and recomputed operators by compiling and
     simulating it (the same accounting as the plots and verify's prediction)."""
     program = compile_program(graph, schedule)
@@ -259,7 +259,9 @@ def _slice(graph: Graph, stage: Stage, targets: set[ValueRef], pinned: set[Value
     return [name for name in stage.forward if name in needed]
 
 
-def _lower(graph: Graph, chain: Chain, options, steps: list[Step], fingerprint: str) -> Schedule:
+def _lower(
+    graph: Graph, chain: Chain, options, steps: list[Step], fingerprint: str
+) -> GraphSchedule:
     """Turn the table's stage steps into node lists: the saved set and the backward order."""
     pinned = set(chain.pinned)
     first_backward = next(k for k, s in enumerate(steps) if s.kind == "backward")
@@ -279,7 +281,7 @@ def _lower(graph: Graph, chain: Chain, options, steps: list[Step], fingerprint: 
     # backward operators the chain did not place (none expected) still run, in traced order
     placed = set(order)
     order += [n.name for n in graph.nodes if n.phase == BACKWARD and n.name not in placed]
-    return Schedule(fingerprint, _saved_by_liveness(graph, order), order)
+    return GraphSchedule(fingerprint, _saved_by_liveness(graph, order), order)
 
 
 def _saved_by_liveness(graph: Graph, order: list[str]) -> list[ValueRef]:

@@ -18,7 +18,7 @@ from explorer.schedule import Schedule
 from explorer.solve import Solver
 from explorer.units import format_bytes, parse_budget
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Front:
                 f"{format_bytes(lowest)} ({lowest} bytes)"
             )
         best = min(fitting, key=lambda p: (p.predicted_overhead, p.predicted_peak_bytes))
-        chosen = Schedule.from_dict(best.schedule.to_dict())
+        chosen = best.schedule.copy()
         chosen.context = self.context
         return chosen
 
@@ -122,7 +122,7 @@ class Front:
                 points=points,
                 setup=dict(data.get("setup", {})),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc
         if not points:
             raise UserError(f"{path}: the front has no points")

@@ -1,30 +1,41 @@
 """Check an exported schedule against the unmodified model, on the same inputs and seed.
 
-Two copies of the model start identical. Each runs one training step: forward with the same
-RNG seed (so dropout draws the same masks), then backward from the same random tangents
-(gradients of the outputs). We compare outputs, every parameter gradient and every buffer
-(BatchNorm running statistics and counters) after the step. Equal means bitwise equal or,
-where the arithmetic may differ, `torch.allclose(rtol=1e-5, atol=1e-5 * max|reference|)`;
-the report says which. Memory is measured: on CPU with a live-tensor-bytes tracker, on GPU
-with `torch.cuda.max_memory_allocated`; both plus the static bytes (parameters, buffers,
-inputs), the same quantity the planner predicts. Step times are medians of interleaved runs.
+The exported file is never run: its two literals (what it was made for, and the schedule) are
+read with `ast.literal_eval` (explorer.export.read_module) and handed to the runtime
+(explorer.backend.wrap_with_schedule), exactly what the file's `wrap()` would do. A file with
+anything else in it is verified by its data alone.
+
+Two copies of the model start identical. Each runs one training step: forward with the same RNG
+seed (so dropout draws the same masks), then backward from the same random tangents (gradients
+of the outputs). Every row of the report is a check that can fail:
+
+- the runtime applied the exported plan itself to every graph (not a carried-over one);
+- outputs, every parameter gradient, every input gradient (for inputs that require grad) and
+  every buffer (BatchNorm statistics and counters) equal: bitwise, or where the arithmetic may
+  differ, `torch.allclose(rtol=1e-5, atol=1e-5 * max|reference|)`; the row says which. A
+  missing output or gradient on either side is a failure;
+- the measured peak within the budget and within 3% of the predicted peak. Memory is measured on
+  CPU with a live-tensor-bytes tracker, on GPU with `torch.cuda.max_memory_allocated`, both plus
+  the static bytes (parameters, buffers, inputs): the quantity the planner predicts.
+
+The unmodified model's peak, step times and the measured overhead (medians of interleaved steps)
+are reported beside the checks, as measurements: they are facts about the machine and eager
+PyTorch, not promises of the schedule.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
-import sys
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_leaves
 
+from explorer.backend import EXACT, RematError, wrap_with_schedule
 from explorer.errors import UserError
 from explorer.export import read_module
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
@@ -32,11 +43,14 @@ from explorer.units import format_bytes
 
 RTOL = 1e-5
 ATOL_SCALE = 1e-5
+PEAK_TOLERANCE = 0.03
 TIMED_STEPS = 3
 
 
 @dataclass
 class VerifyRow:
+    """One check: what was measured, what was expected, and whether it holds."""
+
     quantity: str
     measured: Any
     predicted: Any
@@ -47,11 +61,20 @@ class VerifyRow:
 @dataclass
 class VerifyReport:
     path: str
-    ok: bool
     rows: list[VerifyRow] = field(default_factory=list)
+    measurements: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(r.ok for r in self.rows)
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "ok": self.ok, "rows": [asdict(r) for r in self.rows]}
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "rows": [asdict(r) for r in self.rows],
+            "measurements": self.measurements,
+        }
 
     def format_table(self) -> str:
         width = max(len(r.quantity) for r in self.rows)
@@ -61,6 +84,8 @@ class VerifyReport:
                 f"{r.quantity:<{width}}  {_show(r.measured):>16}  {_show(r.predicted):>16}  "
                 f"{'yes' if r.ok else 'NO ':<4} {r.note}"
             )
+        for name, value in self.measurements.items():
+            lines.append(f"{name}: {_show(value)}")
         lines.append("verdict: " + ("equal and within budget" if self.ok else "FAILED"))
         return "\n".join(lines)
 
@@ -71,59 +96,60 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def load_wrap(path: Path):
-    """Import an exported schedule module (the way a training script would)."""
-    name = f"_remat_schedule_{uuid.uuid4().hex[:8]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise UserError(f"{path}: cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(name, None)
-    if not callable(getattr(module, "wrap", None)):
-        raise UserError(f"{path}: defines no wrap(model)")
-    return module.wrap
-
-
-def training_step(model: nn.Module, inputs: tuple, seed: int) -> list[torch.Tensor]:
-    """One training step from the seed: forward (dropout seeded), backward from random tangents."""
+def training_step(
+    model: nn.Module, inputs: tuple, seed: int, kwargs: dict | None = None
+) -> list[torch.Tensor]:
+    """One training step from the seed: forward (dropout seeded), backward from random tangents
+    on every output that requires grad. Returns the outputs, detached, in pytree order."""
     torch.manual_seed(seed)
-    outputs = [o for o in tree_flatten(model(*inputs))[0] if isinstance(o, torch.Tensor)]
-    differentiable = [o for o in outputs if o.requires_grad]
-    gen = torch.Generator(device=differentiable[0].device).manual_seed(seed + 1)
-    tangents = [
-        torch.randn(o.shape, dtype=o.dtype, device=o.device, generator=gen) for o in differentiable
-    ]
-    torch.autograd.backward(differentiable, tangents)
-    return [o.detach() for o in outputs]
+    outputs = [o for o in tree_flatten(model(*inputs, **(kwargs or {})))[0]]
+    tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
+    differentiable = [o for o in tensors if o.requires_grad]
+    if differentiable:
+        gen = torch.Generator(device=differentiable[0].device).manual_seed(seed + 1)
+        tangents = [
+            torch.randn(o.shape, dtype=o.dtype, device=o.device, generator=gen)
+            for o in differentiable
+        ]
+        torch.autograd.backward(differentiable, tangents)
+    return [o.detach() for o in tensors]
 
 
-def _compare(name: str, pairs: list[tuple[torch.Tensor | None, torch.Tensor | None]]) -> VerifyRow:
-    bitwise, worst, ok = True, 0.0, True
-    for ref, got in pairs:
+def compare(name: str, pairs: list[tuple[torch.Tensor | None, torch.Tensor | None]]) -> VerifyRow:
+    """Equal tensors, pair by pair (reference, candidate); None on one side only is a failure."""
+    bitwise, worst, failures = True, 0.0, []
+    for k, (ref, got) in enumerate(pairs):
+        if ref is None and got is None:
+            continue
         if ref is None or got is None:
-            if (ref is None) != (got is None):
-                ok = bitwise = False
+            failures.append(f"#{k} missing in the {'reference' if ref is None else 'schedule'}")
             continue
         if ref.shape != got.shape or ref.dtype != got.dtype:
-            ok = bitwise = False
+            failures.append(f"#{k} is {tuple(got.shape)} {got.dtype}, not {tuple(ref.shape)}")
             continue
         if torch.equal(ref, got):
             continue
         bitwise = False
-        if ref.is_floating_point():
-            diff = (ref.double() - got.double()).abs().max().item()
-            worst = max(worst, diff)
-            scale = ref.abs().max().item()
-            ok &= torch.allclose(got, ref, rtol=RTOL, atol=ATOL_SCALE * max(scale, 1e-12))
-        else:
-            ok = False
-    measured = "bitwise equal" if bitwise else f"max |diff| {worst:.2e}"
-    note = f"{len(pairs)} tensors" + ("" if bitwise else f"; rtol {RTOL}, atol {ATOL_SCALE}*max")
-    return VerifyRow(name, measured, "equal", ok, note)
+        if not ref.is_floating_point():
+            failures.append(f"#{k} differs")
+            continue
+        diff = (ref.double() - got.double()).abs().max().item()
+        worst = max(worst, diff)
+        scale = ref.abs().max().item()
+        if not torch.allclose(got, ref, rtol=RTOL, atol=ATOL_SCALE * max(scale, 1e-12)):
+            failures.append(f"#{k} differs by {diff:.2e}")
+    if failures:
+        measured = "NOT equal"
+    elif bitwise:
+        measured = "bitwise equal"
+    else:
+        measured = f"max |diff| {worst:.2e}"
+    note = f"{len(pairs)} tensors"
+    if not bitwise and not failures:
+        note += f"; rtol {RTOL}, atol {ATOL_SCALE}*max"
+    if failures:
+        note += "; " + "; ".join(failures[:3]) + ("; ..." if len(failures) > 3 else "")
+    return VerifyRow(name, measured, "equal", not failures and bool(pairs), note)
 
 
 def verify(
@@ -131,61 +157,124 @@ def verify(
     device: str | None = None,
     *,
     model: nn.Module | None = None,
-    example_inputs: tuple | None = None,
+    example_inputs: tuple | torch.Tensor | None = None,
+    example_kwargs: dict | None = None,
+    autocast: torch.dtype | None = None,
     seed: int = 0,
 ) -> VerifyReport:
-    """Run the exported module and the unmodified model side by side (see module docstring).
+    """Run the exported schedule and the unmodified model side by side (module docstring).
 
-    Without `model`, the model is rebuilt from the SPEC recorded in the file.
-    """
+    Without `model`, the model and its inputs are rebuilt from the SPEC the file records."""
     path = Path(path)
     made_for, schedule = read_module(path)
-    wrap = load_wrap(path)
-    reference, inputs = _models(made_for, model, example_inputs, device, seed)
+    reference, args, kwargs = _models(made_for, model, example_inputs, example_kwargs, device)
+    autocast = autocast or _dtype(made_for.get("autocast"))
     candidate = copy.deepcopy(reference)
-    wrapped = wrap(candidate)
-    static = tensor_bytes([*reference.parameters(), *reference.buffers(), *inputs])
-    dev = inputs[0].device
+    try:
+        wrapped = wrap_with_schedule(candidate, made_for, schedule)
+    except RematError as exc:
+        raise UserError(f"{path}: {exc}") from exc
+    ref_args, ref_kwargs = _fresh_inputs(args, kwargs)
+    new_args, new_kwargs = _fresh_inputs(args, kwargs)
+    static = tensor_bytes([*reference.parameters(), *reference.buffers(), *_tensors(args, kwargs)])
+    dev = _tensors(args, kwargs)[0].device
 
-    with LiveBytesTracker(dev) as ref_meter:
-        ref_out = training_step(reference, inputs, seed)
-    with _out_of_memory_explained(schedule), LiveBytesTracker(dev) as new_meter:
-        new_out = training_step(wrapped, inputs, seed)
+    with _autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
+        ref_out = training_step(reference, ref_args, seed, ref_kwargs)
+    with _autocast(dev, autocast), _explained(path, schedule), LiveBytesTracker(dev) as new_meter:
+        new_out = training_step(wrapped, new_args, seed, new_kwargs)
 
-    rows = [
-        _compare("outputs", list(zip(ref_out, new_out, strict=False))),
-        _compare(
-            "parameter gradients",
-            [
-                (a.grad, b.grad)
-                for a, b in zip(reference.parameters(), candidate.parameters(), strict=True)
-            ],
-        ),
-        _compare(
-            "buffers (BatchNorm statistics)",
-            list(zip(reference.buffers(), candidate.buffers(), strict=True)),
-        ),
-    ]
-    rows += _memory_rows(static, ref_meter.peak_bytes, new_meter.peak_bytes, schedule, made_for)
-    if new_meter.peak_reserved_bytes is not None:
-        rows.append(
-            VerifyRow(
-                "CUDA reserved peak (bytes)",
-                new_meter.peak_reserved_bytes,
-                int(schedule.get("predicted_peak_bytes", 0)),
-                True,
-                "what the caching allocator held: fragmentation shows here",
-            )
+    if model is None and any(p.how != EXACT for p in wrapped.plans):
+        spec = made_for.get("model", {})
+        raise UserError(
+            f"{path}: this schedule was made for another graph than {spec.get('name')} "
+            f"(batch {spec.get('batch_size')}, input size {spec.get('input_size')}) traces to; "
+            "the file was edited or made elsewhere: export a schedule for this model"
         )
-    rows += _time_rows(reference, wrapped, inputs, seed, schedule)
-    ok = all(r.ok for r in rows)
-    return VerifyReport(str(path), ok, rows)
+    ref_inputs = _tensors(ref_args, ref_kwargs)
+    new_inputs = _tensors(new_args, new_kwargs)
+    rows = [_plan_row(wrapped)]
+    rows.append(compare("outputs", _paired(ref_out, new_out)))
+    rows.append(
+        compare(
+            "parameter gradients",
+            [(a.grad, b.grad) for a, b in _paired(reference.parameters(), candidate.parameters())],
+        )
+    )
+    needs_grad = [k for k, x in enumerate(ref_inputs) if x.requires_grad]
+    if needs_grad:
+        pairs = [(ref_inputs[k].grad, new_inputs[k].grad) for k in needs_grad]
+        rows.append(compare("input gradients", pairs))
+    buffers = _paired(reference.buffers(), candidate.buffers())
+    if buffers:
+        rows.append(compare("buffers (BatchNorm statistics)", buffers))
+    rows.append(_peak_row(static + new_meter.peak_bytes, schedule))
+    report = VerifyReport(str(path), rows)
+    report.measurements["peak memory, unmodified model (bytes)"] = static + ref_meter.peak_bytes
+    report.measurements.update(_timings(reference, wrapped, args, kwargs, seed, schedule, autocast))
+    if new_meter.peak_reserved_bytes is not None:
+        report.measurements["CUDA reserved peak (bytes)"] = new_meter.peak_reserved_bytes
+    return report
+
+
+def _paired(first, second) -> list:
+    """Pairs in order; a length mismatch becomes (x, None) / (None, y) pairs, which fail."""
+    a, b = list(first), list(second)
+    width = max(len(a), len(b))
+    return [(a[k] if k < len(a) else None, b[k] if k < len(b) else None) for k in range(width)]
+
+
+def _plan_row(wrapped) -> VerifyRow:
+    plans = wrapped.plans
+    exact = [p for p in plans if p.how == EXACT]
+    hows = sorted({p.how for p in plans if p.how != EXACT})
+    note = f"{len(exact)} of {len(plans)} graphs"
+    if hows:
+        note += f"; others: {', '.join(hows)}"
+    ok = bool(plans) and len(exact) == len(plans)
+    return VerifyRow("plan applied as exported", len(exact), len(plans), ok, note)
+
+
+def _peak_row(measured: int, schedule: dict) -> VerifyRow:
+    predicted = int(schedule.get("predicted_peak_bytes", 0))
+    budget = schedule.get("budget_bytes")
+    error = (measured - predicted) / predicted if predicted else 1.0
+    within = (budget is None or measured <= budget) and abs(error) <= PEAK_TOLERANCE
+    note = f"{error:+.2%} vs predicted (tolerance {PEAK_TOLERANCE:.0%})"
+    if budget is not None:
+        note += f"; budget {format_bytes(budget)}"
+    return VerifyRow("peak memory (bytes)", measured, predicted, within, note)
+
+
+def _timings(reference, wrapped, args, kwargs, seed, schedule, autocast) -> dict[str, float]:
+    """Median step times, interleaved so that drifts in machine load hit both alike."""
+    dev = _tensors(args, kwargs)[0].device
+    ref_times, new_times = [], []
+    for _ in range(TIMED_STEPS):
+        for model, times in ((reference, ref_times), (wrapped, new_times)):
+            step_args, step_kwargs = _fresh_inputs(args, kwargs)
+
+            def step(m=model, a=step_args, k=step_kwargs) -> None:
+                training_step(m, a, seed, k)
+
+            with _autocast(dev, autocast):
+                times.append(time_step(step, dev))
+    ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
+    predicted = float(schedule.get("predicted_seconds", 0.0))
+    baseline = max(float(schedule.get("baseline_seconds", 0.0)), 1e-12)
+    return {
+        "step seconds, schedule": new_s,
+        "step seconds, unmodified model": ref_s,
+        "overhead, measured": new_s / ref_s - 1,
+        "overhead, predicted": predicted / baseline - 1,
+    }
 
 
 @contextlib.contextmanager
-def _out_of_memory_explained(schedule: dict):
-    """A CUDA OOM under a schedule whose predicted peak fits is the caching allocator's
-    fragmentation: say so, with the remedy, in one line."""
+def _explained(path: Path, schedule: dict):
+    """One line for what can go wrong while the schedule runs: a schedule that does not fit
+    the graph it meets, or a CUDA out-of-memory although the predicted peak fits (the caching
+    allocator's fragmentation, with its remedy)."""
     try:
         yield
     except torch.cuda.OutOfMemoryError as exc:
@@ -195,18 +284,30 @@ def _out_of_memory_explained(schedule: dict):
             "allocator is fragmented; rerun with "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
         ) from exc
+    except Exception as exc:
+        cause = _remat_cause(exc)
+        if cause is None:
+            raise
+        raise UserError(f"{path}: {cause}") from exc
 
 
-def _models(made_for: dict, model, example_inputs, device, seed):
+def _remat_cause(exc: BaseException) -> RematError | None:
+    """The RematError behind an exception (Dynamo wraps backend errors), if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, RematError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _models(made_for, model, example_inputs, example_kwargs, device):
     if model is not None:
-        if example_inputs is None:
-            raise UserError("verify(model=...) needs example_inputs too")
-        inputs = (
-            tuple(example_inputs)
-            if isinstance(example_inputs, (tuple, list))
-            else (example_inputs,)
-        )
-        return copy.deepcopy(model).train(), inputs
+        if example_inputs is None and not example_kwargs:
+            raise UserError("verify(model=...) needs example_inputs (and/or example_kwargs) too")
+        args = example_inputs if example_inputs is not None else ()
+        args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+        return copy.deepcopy(model).train(), args, dict(example_kwargs or {})
     from explorer.models import build
 
     spec = made_for.get("model", {})
@@ -222,56 +323,33 @@ def _models(made_for: dict, model, example_inputs, device, seed):
         device or made_for.get("device", "cpu"),
         seed=made_for.get("seed", 0),
     )
-    return built.model, built.example_inputs
+    return built.model, built.example_inputs, dict(built.example_kwargs)
 
 
-def _memory_rows(static, ref_peak, new_peak, schedule, made_for) -> list[VerifyRow]:
-    measured = static + new_peak
-    predicted = int(schedule.get("predicted_peak_bytes", 0))
-    budget = schedule.get("budget_bytes")
-    error = (measured - predicted) / predicted if predicted else 0.0
-    within = budget is None or measured <= budget
-    note = f"{error:+.2%} vs predicted"
-    if budget is not None:
-        note += f"; budget {format_bytes(budget)}"
-    return [
-        VerifyRow("peak memory (bytes)", measured, predicted, within, note),
-        VerifyRow(
-            "unmodified model peak (bytes)",
-            static + ref_peak,
-            int(made_for.get("baseline_peak_bytes", 0)),
-            True,
-            f"schedule saves {1 - measured / max(static + ref_peak, 1):.1%}",
-        ),
-    ]
+def _fresh_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Copies of the inputs for one run: an input that requires grad gets its own leaf, so
+    each run's input gradient can be read and compared."""
+
+    def fresh(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return x.detach().clone().requires_grad_(True)
+        return x
+
+    return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}
 
 
-def _time_rows(reference, wrapped, inputs, seed, schedule) -> list[VerifyRow]:
-    ref_times, new_times = [], []
-    for _ in range(TIMED_STEPS):  # interleaved, so drifts in machine load hit both alike
-        ref_times.append(
-            time_step(lambda: training_step(reference, inputs, seed), inputs[0].device)
-        )
-        new_times.append(time_step(lambda: training_step(wrapped, inputs, seed), inputs[0].device))
-    ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
-    predicted_overhead = (
-        float(schedule.get("predicted_seconds", 0))
-        / max(float(schedule.get("baseline_seconds", 0)), 1e-12)
-        - 1
-    )
-    return [
-        VerifyRow(
-            "step seconds",
-            new_s,
-            float(schedule.get("predicted_seconds", 0.0)),
-            True,
-            f"unmodified model {ref_s:.4g} s",
-        ),
-        VerifyRow(
-            "overhead",
-            new_s / ref_s - 1,
-            predicted_overhead,
-            True,
-            "measured against the unmodified model, median of interleaved steps",
-        ),
-    ]
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    return [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}.get(name or "")
+
+
+@contextlib.contextmanager
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield

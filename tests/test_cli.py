@@ -55,7 +55,7 @@ def swept(tmp_path_factory) -> Path:
 def test_sweep_writes_a_monotone_front(swept):
     assert (swept / "profile.json").exists()
     front = json.loads((swept / "front.json").read_text())
-    assert front["schema"] == 1 and front["fingerprint"]
+    assert front["schema"] == 2 and front["fingerprint"]
     assert front["baseline"]["peak_bytes"] > 0 and front["baseline"]["step_seconds"] > 0
     points = front["points"]
     assert len(points) >= 2
@@ -165,7 +165,7 @@ def test_exported_file_with_another_model(swept, tmp_path):
 def test_exported_file_with_another_shape(swept, tmp_path):
     target = _export(swept, tmp_path)
     target.write_text(target.read_text().replace("'input_size': 96", "'input_size': 64"))
-    assert_one_line_error(cli("verify", str(target)), "made for inputs")
+    assert_one_line_error(cli("verify", str(target)), "made for another graph")
 
 
 def test_corrupt_exported_file(tmp_path):

@@ -6,10 +6,8 @@ import copy
 
 import torch
 import torch.distributed as dist
-from helpers import planner, train_step
+from helpers import import_schedule, planner, train_step
 from torch.nn.parallel import DistributedDataParallel
-
-from explorer.verify import load_wrap
 
 
 def test_ddp_gradients_match(tmp_path):
@@ -20,7 +18,7 @@ def test_ddp_gradients_match(tmp_path):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         reference = copy.deepcopy(plan.model)
-        ddp = DistributedDataParallel(load_wrap(path)(copy.deepcopy(plan.model)))
+        ddp = DistributedDataParallel(import_schedule(path).wrap(copy.deepcopy(plan.model)))
         train_step(reference, plan.example_inputs, seed=3)
         train_step(ddp, plan.example_inputs, seed=3)
         for a, b in zip(reference.parameters(), ddp.module.model.parameters(), strict=True):

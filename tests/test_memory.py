@@ -129,6 +129,24 @@ def test_measure_step() -> None:
     assert measurement.seconds > 0
 
 
+def test_compiled_code_is_measured_running_compiled() -> None:
+    """The tracker lets torch.compile compile under it and counts what the compiled code
+    allocates (breaks if the mode stops ignoring compile internals: Dynamo then falls back to
+    eager and nothing is compiled)."""
+    compiled: list[int] = []
+
+    def backend(gm, _inputs):
+        compiled.append(1)
+        return gm.forward
+
+    fn = torch.compile(lambda x: (x * 2).relu() + 1, backend=backend, dynamic=False)
+    x = torch.randn(1000)
+    with LiveBytesTracker() as tracker:
+        fn(x)
+    assert compiled == [1]
+    assert tracker.peak_bytes == 2 * 1000 * FLOAT
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_uses_allocator_statistics() -> None:

@@ -21,18 +21,18 @@ def cnn():
 
 
 def test_chain_places_every_backward_operator_once(cnn):
-    graph = cnn.capture()
-    chain = build_chain(graph, cnn.profile().seconds)
+    graph = cnn.capture()[0]
+    chain = build_chain(graph, cnn.profile().graphs[0].seconds)
     placed = [name for stage in chain.stages for name in stage.backward]
     assert sorted(placed) == sorted(n.name for n in graph.nodes if n.phase == BACKWARD)
     assert len(chain.stages) > 3
 
 
 def test_stage_ilp_reports_status_and_gap(cnn):
-    graph = cnn.capture()
-    chain = build_chain(graph, cnn.profile().seconds)
+    graph = cnn.capture()[0]
+    chain = build_chain(graph, cnn.profile().graphs[0].seconds)
     problem = max(
-        (build_problem(chain, s, cnn.profile().seconds) for s in chain.stages),
+        (build_problem(chain, s, cnn.profile().graphs[0].seconds) for s in chain.stages),
         key=lambda p: keep_all_option(p).keep_bytes,
     )
     full = keep_all_option(problem)
@@ -46,7 +46,7 @@ def test_stage_ilp_reports_status_and_gap(cnn):
 
 def test_every_budget_is_kept_by_the_exact_simulation(cnn):
     solver = cnn.solver()
-    graph = cnn.capture()
+    graph = cnn.capture()[0]
     low = solver.minimum().predicted_peak_bytes
     high = solver.baseline.predicted_peak_bytes
     assert low < high
@@ -54,7 +54,7 @@ def test_every_budget_is_kept_by_the_exact_simulation(cnn):
     for k in range(9):
         budget = low + (high - low) * k // 8
         schedule = solver.solve(budget)
-        program = compile_program(graph, schedule)
+        program = compile_program(graph, schedule.graphs[0])
         assert check_program(graph, program) is None
         peak = simulate(graph, program).peak_bytes
         assert peak == schedule.predicted_peak_bytes <= budget

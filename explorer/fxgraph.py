@@ -1,0 +1,214 @@
+"""The solver's plain view of one AOTAutograd joint graph (torch only, no solver imports).
+
+A `torch.compile` backend built on AOTAutograd receives, for every graph Dynamo captures, one
+*joint* FX graph: the functionalized forward and the backward that autograd would run from the
+gradients of the outputs ("tangents"). `describe` turns that FX graph into the `Graph` IR that
+profiling, solving and simulation read. Node names are kept, so every decision about an IR node
+is a decision about the FX node of the same name; `value_nodes` maps the IR's values back.
+
+Placeholders: `primals_*` (parameters, buffers and the user's tensors, in Dynamo's order) and
+`tangents_*`. The joint graph's outputs are the forward outputs followed by one gradient per
+primal (None where a primal gets none). Train-mode BatchNorm is
+`_native_batch_norm_legit_functional`, whose new running statistics are written back by `copy_`
+nodes that the joint graph tags `must_be_in_forward`: they become EFFECT nodes, which run once in
+the forward and are never recomputed. An operator that reads a graph input which such a copy_
+overwrites (spectral_norm's power iteration reads the `u` it updates) is pinned: recomputed in the
+backward it would read the new value. BatchNorm's own outputs do not depend on the running
+statistics it reads in training, so it stays recomputable.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten
+
+from explorer.graph import (
+    BACKWARD,
+    EFFECT,
+    FORWARD,
+    PLACEHOLDER,
+    ROLE_BUFFER,
+    ROLE_CONSTANT,
+    ROLE_INPUT,
+    ROLE_PARAM,
+    ROLE_TANGENT,
+    Graph,
+    Node,
+    TensorMeta,
+    ValueRef,
+)
+
+# Ops whose schema says "fresh tensor" but which return a view of their input's storage.
+_HIDDEN_VIEWS = {"aten._unsafe_view.default", "aten._reshape_alias.default"}
+_PHASE_BY_TAG = {"is_forward": FORWARD, "is_backward": BACKWARD, "must_be_in_forward": EFFECT}
+
+
+def is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and node.name.startswith("tangents")
+
+
+def is_getitem(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def describe(
+    joint: fx.Graph, num_fwd_outputs: int, static_indices: list[int] | None = None
+) -> Graph:
+    """The IR of a joint graph. `static_indices`: positions of the primals that are parameters
+    or buffers (AOTAutograd's `static_lifetime_input_indices`); the others are user inputs."""
+    static = set(static_indices or [])
+    refs: dict[fx.Node, ValueRef] = {}
+    nodes: list[Node] = []
+    primals: list[Node] = []
+    outs: list = []
+    for fxn in joint.nodes:
+        if fxn.op == "placeholder":
+            node = Node(fxn.name, PLACEHOLDER, PLACEHOLDER, [], _output_metas(fxn), ROLE_TANGENT)
+            if not is_tangent(fxn):
+                node.role = ROLE_PARAM if len(primals) in static else ROLE_INPUT
+                primals.append(node)
+            nodes.append(node)
+            refs[fxn] = (fxn.name, 0)
+        elif fxn.op == "get_attr":
+            metas = _output_metas(fxn)
+            nodes.append(Node(fxn.name, PLACEHOLDER, PLACEHOLDER, [], metas, ROLE_CONSTANT))
+            refs[fxn] = (fxn.name, 0)
+        elif is_getitem(fxn):
+            src, idx = fxn.args
+            refs[fxn] = (src.name, idx)
+        elif fxn.op == "call_function":
+            tags = getattr(fxn.target, "tags", ())
+            nodes.append(
+                Node(
+                    name=fxn.name,
+                    target=str(fxn.target),
+                    phase=_PHASE_BY_TAG.get(fxn.meta.get("partitioner_tag"), BACKWARD),
+                    inputs=[refs[a] for a in tensor_args(fxn)],
+                    outputs=_output_metas(fxn),
+                    random=torch.Tag.nondeterministic_seeded in tags,
+                    consts=_consts(fxn),
+                )
+            )
+            refs[fxn] = (fxn.name, 0)
+        elif fxn.op == "output":
+            outs = _output_list(fxn)
+    as_ref = lambda x: refs[x] if isinstance(x, fx.Node) else None  # noqa: E731
+    input_grads = [as_ref(x) for x in outs[num_fwd_outputs:]]
+    for node, grad in zip(primals, input_grads, strict=False):
+        if node.role == ROLE_PARAM and grad is None:
+            node.role = ROLE_BUFFER  # static and gets no gradient: a buffer or frozen weight
+    _pin(nodes)
+    return Graph(nodes, [as_ref(x) for x in outs[:num_fwd_outputs]], input_grads)
+
+
+def _pin(nodes: list[Node]) -> None:
+    """Mark the forward operators that must never be recomputed (see module docstring)."""
+    overwritten = {
+        node.inputs[0][0] for node in nodes if node.phase == EFFECT and node.target in _COPIES
+    }
+    for node in nodes:
+        if node.phase != FORWARD:
+            continue
+        reads_overwritten = any(ref[0] in overwritten for ref in node.inputs)
+        node.pinned = node.random or (reads_overwritten and node.target not in _STATS_READERS)
+
+
+_COPIES = {"aten.copy_.default"}
+# training-mode BatchNorm reads the running statistics only to return their update
+_STATS_READERS = {"aten._native_batch_norm_legit_functional.default"}
+
+
+def _output_list(fxn: fx.Node) -> list:
+    """The output node's values, flat, None kept (a primal without a gradient)."""
+    (values,) = fxn.args
+    return list(values) if isinstance(values, (tuple, list)) else [values]
+
+
+def value_nodes(joint: fx.Graph) -> dict[ValueRef, fx.Node]:
+    """The FX node that holds each IR value: a getitem for an output of a multi-output op."""
+    found: dict[ValueRef, fx.Node] = {}
+    for fxn in joint.nodes:
+        if is_getitem(fxn):
+            src, idx = fxn.args
+            found[(src.name, idx)] = fxn
+        elif fxn.op in ("placeholder", "get_attr", "call_function"):
+            found.setdefault((fxn.name, 0), fxn)
+    return found
+
+
+def tensor_args(node: fx.Node) -> list[fx.Node]:
+    """The FX nodes among a node's arguments, in argument order (nested lists included)."""
+    flat, _ = tree_flatten((node.args, node.kwargs))
+    return [a for a in flat if isinstance(a, fx.Node)]
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return span * t.element_size()
+
+
+def _output_metas(node: fx.Node) -> list[TensorMeta | None]:
+    val = node.meta.get("val")
+    vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    aliases = _alias_positions(node)
+    if isinstance(val, list) and _returns_view_list(node):  # split, unbind, chunk: all views
+        aliases = [0] * len(vals)
+    metas: list[TensorMeta | None] = []
+    for i, v in enumerate(vals):
+        if not isinstance(v, torch.Tensor):
+            metas.append(None)
+            continue
+        alias = aliases[i] if i < len(aliases) else None
+        nbytes = 0 if alias is not None else _storage_bytes(v)
+        shape = tuple(int(s) for s in v.shape)
+        metas.append(TensorMeta(shape, str(v.dtype), nbytes, alias, v.is_contiguous()))
+    return metas
+
+
+def _returns_view_list(node: fx.Node) -> bool:
+    """True for ops whose schema returns a list of views of their first argument."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and len(schema.returns) == 1 and "Tensor(a)[]" in str(schema)
+
+
+def _alias_positions(node: fx.Node) -> list[int | None]:
+    """For each output, the position (among tensor args) of the input whose storage it shares."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is None or node.op != "call_function":
+        return []
+    tensor_inputs = tensor_args(node)
+    if str(target) in _HIDDEN_VIEWS:
+        return [0]
+    arg_sets = []
+    for arg in schema.arguments:
+        info = arg.alias_info
+        arg_sets.append(set(info.before_set) if info is not None else set())
+    positions: list[int | None] = []
+    for ret in schema.returns:
+        info = ret.alias_info
+        if info is None:
+            positions.append(None)
+            continue
+        match = next((k for k, s in enumerate(arg_sets) if s & set(info.before_set)), None)
+        if match is None:
+            positions.append(None)
+            continue
+        # map schema argument index to the index among this node's tensor inputs
+        arg_value = (
+            node.args[match]
+            if match < len(node.args)
+            else node.kwargs.get(schema.arguments[match].name)
+        )
+        positions.append(tensor_inputs.index(arg_value) if arg_value in tensor_inputs else None)
+    return positions
+
+
+def _consts(node: fx.Node) -> str:
+    flat, _ = tree_flatten((node.args, node.kwargs))
+    return repr(["%" if isinstance(a, fx.Node) else a for a in flat])

@@ -1,0 +1,92 @@
+"""Schedule + joint graph -> the forward and backward FX graphs AOTAutograd runs.
+
+This is the partition function of our `torch.compile` backend. We first write the schedule into
+the joint graph: its backward section is rebuilt in the schedule's order, and each forward node
+the schedule recomputes is copied in right where the schedule puts it (a node recomputed twice
+is copied twice), reading the values the schedule says are alive at that point. AOTAutograd's own
+helper `_extract_fwd_bwd_modules` then cuts that scheduled joint graph at the saved values, so
+AOTAutograd's conventions hold (output order, saved-tensor bookkeeping, the forward's buffer
+updates) and a forward value that only a recomputation needs is not computed in the forward.
+
+FX code generation frees every value after its last use, and the boxed calling convention frees
+the saved tensors as soon as the backward has unpacked them, so the memory alive at each step is
+what `explorer.simulate` predicts for the same schedule.
+"""
+
+from __future__ import annotations
+
+from torch import fx
+from torch._functorch.partitioners import _extract_fwd_bwd_modules
+
+from explorer.fxgraph import is_getitem, is_tangent, value_nodes
+from explorer.graph import BACKWARD, FORWARD, Graph
+from explorer.schedule import GraphSchedule
+
+RECOMPUTE = "recompute"  # node.meta["remat"] of a recomputation in the backward graph
+# node.meta["remat_source"]: the joint-graph node a backward node copies (names may change)
+
+
+def partition(
+    joint: fx.GraphModule, graph: Graph, schedule: GraphSchedule, num_fwd_outputs: int
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward graph modules that follow `schedule`."""
+    scheduled, saved = _scheduled_joint(joint, graph, schedule, num_fwd_outputs)
+    return _extract_fwd_bwd_modules(
+        scheduled, saved, saved_sym_nodes=[], num_fwd_outputs=num_fwd_outputs
+    )
+
+
+def _scheduled_joint(
+    joint: fx.GraphModule, graph: Graph, schedule: GraphSchedule, num_fwd_outputs: int
+) -> tuple[fx.GraphModule, list[fx.Node]]:
+    """A copy of the joint graph whose backward runs in the schedule's order, and the values
+    its forward saves (the schedule's, plus the graph inputs the backward reads)."""
+    phase = {n.name: n.phase for n in graph.nodes}
+    by_name = {n.name: n for n in joint.graph.nodes}
+    new = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}  # joint node -> its latest copy
+
+    def copy(node: fx.Node, tag: str | None = None) -> fx.Node:
+        made = new.node_copy(node, lambda n: env[n])
+        made.meta["remat_source"] = node.name
+        if tag is not None:
+            made.meta["partitioner_tag"] = "is_backward"
+            made.meta["remat"] = tag
+        env[node] = made
+        for user in node.users:
+            if is_getitem(user):
+                env[user] = new.node_copy(user, lambda n: env[n])
+                if tag is not None:
+                    env[user].meta["partitioner_tag"] = "is_backward"
+        return made
+
+    for node in joint.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            copy(node)
+        elif node.op == "call_function" and not is_getitem(node):
+            if phase.get(node.name, BACKWARD) != BACKWARD:
+                copy(node)
+    forward_copy = dict(env)
+    refs = value_nodes(joint.graph)
+    saved = [forward_copy[refs[ref]] for ref in schedule.saved]
+    for name in schedule.backward:
+        source = by_name[name]
+        if phase[name] == FORWARD:
+            copy(source, RECOMPUTE)
+        else:
+            copy(source)
+        for producer, _ in graph.node(name).inputs:
+            fxn = by_name[producer]
+            if fxn.op == "placeholder" and not is_tangent(fxn):
+                if forward_copy[fxn] not in saved:
+                    saved.append(forward_copy[fxn])  # a graph input: alive anyway, costs nothing
+    # the forward's outputs are the forward's values, not their recomputations
+    (output,) = joint.graph.find_nodes(op="output")
+    values = list(output.args[0])
+    mapped = [
+        (forward_copy if k < num_fwd_outputs else env)[v] if isinstance(v, fx.Node) else v
+        for k, v in enumerate(values)
+    ]
+    new.output(tuple(mapped)).meta.update(output.meta)
+    new.lint()
+    return fx.GraphModule(joint, new), saved

@@ -1,0 +1,82 @@
+"""Passes over a joint FX graph, applied before it is described, planned and partitioned.
+
+`compact_dropout`: a CPU `native_dropout(x, p)` returns a float output and a bool mask, and the
+backward reads only the mask. Left whole, its float output can never be recomputed (a random
+operator drawn twice would draw another mask), so a plan must keep it: for attention dropout
+that is one (B, heads, T, T) float tensor per layer. The pass splits it into the random draw
+(`bernoulli` on a bool tensor, 1 byte per element, the same draw native_dropout makes from the
+same generator state) and two ordinary multiplications that rebuild the output bitwise
+(`x * mask * scale`, the scale rounded to x's dtype as native_dropout does). The mask stays
+pinned; the float output becomes a value like any other, kept or recomputed as the plan says.
+CUDA dropout draws differently (a fused kernel) and is left whole.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+
+aten = torch.ops.aten
+
+
+def compact_dropout(joint: fx.GraphModule) -> int:
+    """Split every CPU, contiguous, training-mode native_dropout (see module docstring).
+    Returns how many were split; the graph module is recompiled if any was."""
+    graph = joint.graph
+    split = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.native_dropout.default:
+            continue
+        x, p = node.args[0], float(node.args[1])
+        train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+        x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
+        if train is False or not isinstance(x_val, torch.Tensor):
+            continue
+        if x_val.device.type != "cpu" or not x_val.is_contiguous():
+            continue
+        _split(graph, node, x, x_val, p)
+        split += 1
+    if split:
+        graph.lint()
+        joint.recompile()
+    return split
+
+
+def _split(graph: fx.Graph, node: fx.Node, x: fx.Node, x_val: torch.Tensor, p: float) -> None:
+    keep = 1.0 - p
+    scale = 0.0 if keep == 0 else float(torch.tensor(1.0 / keep, dtype=x_val.dtype))
+    fake_mode = detect_fake_mode([x_val])
+    tag = node.meta.get("partitioner_tag")
+    steps = [
+        (aten.empty_like.default, (x,), {"dtype": torch.bool, "memory_format": _CONTIGUOUS}),
+        (aten.bernoulli.p, (None, keep), {}),
+        (aten.mul.Tensor, (x, None), {}),
+        (aten.mul.Tensor, (None, scale), {}),
+    ]
+    made: list[fx.Node] = []
+    with graph.inserting_before(node):
+        for target, args, kwargs in steps:
+            args = tuple(made[-1] if a is None else a for a in args)
+            new = graph.call_function(target, args, kwargs)
+            new.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
+            if tag is not None:
+                new.meta["partitioner_tag"] = tag
+            with fake_mode:
+                new.meta["val"] = target(*_vals(args), **kwargs)
+            made.append(new)
+    mask, output = made[1], made[3]
+    for user in list(node.users):
+        if user.op == "call_function" and user.target is operator.getitem:
+            user.replace_all_uses_with(output if user.args[1] == 0 else mask)
+            graph.erase_node(user)
+    graph.erase_node(node)
+
+
+_CONTIGUOUS = torch.contiguous_format
+
+
+def _vals(args: tuple) -> tuple:
+    return tuple(a.meta["val"] if isinstance(a, fx.Node) else a for a in args)

@@ -1,0 +1,203 @@
+"""A training step made of one or more captured graphs: one plan per graph, one memory account.
+
+Dynamo gives one graph for most models; code it cannot trace splits a model into several
+graphs run one after another, with eager Python between them. The step then runs the graphs'
+forwards in order and their backwards in reverse order. While graph k runs, the earlier graphs
+hold what their forwards kept (saved tensors, and outputs the user holds), and the later
+graphs' parameter gradients, made by their backwards, are alive during k's backward. A tensor
+that one graph makes and only a later graph reads is counted by the later graph, from its start
+to its last use there (`Handoff`). The parameters, buffers and the user's inputs are counted
+once for the whole step (`static_bytes`), however many graphs read them. With one graph all of
+this reduces to that graph's own simulation, exactly.
+
+`StepSolver` answers "fastest step plan within B bytes" with one solver per graph: every graph
+gets the same share of its own range (minimum to no recomputation), the largest share whose
+combined peak fits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from explorer.errors import UserError
+from explorer.graph import Graph
+from explorer.program import Handoff, compile_program
+from explorer.schedule import GraphSchedule, Schedule
+from explorer.simulate import Timeline, simulate
+from explorer.units import format_bytes
+
+BISECTIONS = 16  # shares tried when several graphs split a budget
+
+
+@dataclass
+class StepSetup:
+    """What preparing the solvers cost, over all graphs."""
+
+    graphs: int
+    stages: int
+    distinct_stages: int
+    ilps: int
+    ilp_seconds: float
+    table_seconds: float
+    worst_gap: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def step_timeline(
+    graphs: list[Graph],
+    schedules: list[GraphSchedule],
+    static_bytes: int,
+    workspace: list[dict[str, int]] | None = None,
+    handoffs: list[Handoff] | None = None,
+) -> Timeline:
+    """Bytes alive after each operator of the whole step (see the module docstring)."""
+    workspace = workspace or [{}] * len(graphs)
+    handoffs = handoffs or [Handoff()] * len(graphs)
+    lines = [
+        simulate(g, compile_program(g, s, handoffs[k]), workspace[k])
+        for k, (g, s) in enumerate(zip(graphs, schedules, strict=True))
+    ]
+    if len(lines) == 1 and lines[0].static_bytes == static_bytes:
+        return lines[0]
+    grads = [_param_grad_bytes(g) for g in graphs]
+    out = Timeline([], [], [], static_bytes)
+    held = 0
+    for k, line in enumerate(lines):
+        _append(out, line, k, range(line.forward_end), static_bytes + held)
+        held += line.held_bytes
+    out.held_bytes = held
+    for k in reversed(range(len(lines))):
+        held -= lines[k].held_bytes
+        later = sum(grads[k + 1 :])
+        backward = range(lines[k].forward_end, len(lines[k].steps))
+        _append(out, lines[k], k, backward, static_bytes + held + later)
+    return out
+
+
+def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> None:
+    for i in span:
+        out.steps.append(base + line.steps[i] - line.static_bytes)
+        out.labels.append(f"g{k + 1}:{line.labels[i]}")
+        out.phase.append(line.phase[i])
+
+
+def _param_grad_bytes(graph: Graph) -> int:
+    """Bytes of the gradients a graph's backward leaves for its parameters."""
+    params = {n.name for n in graph.placeholders("param")}
+    primals = [n.name for n in graph.nodes if n.phase == "placeholder" and n.role != "tangent"]
+    total = 0
+    for name, grad in zip(primals, graph.input_grads, strict=False):
+        if grad is not None and name in params:
+            total += graph.meta(grad).nbytes
+    return total
+
+
+class StepSolver:
+    """Plans for a whole step from one prepared solver per graph (see the module docstring).
+
+    Each per-graph solver offers `baseline`, `minimum()`, `solve(budget)` (a GraphSchedule
+    whose simulated peak is within the budget) and `fixed_bytes`."""
+
+    def __init__(
+        self,
+        graphs: list[Graph],
+        solvers: list,
+        static_bytes: int,
+        workspace: list[dict[str, int]] | None = None,
+        handoffs: list[Handoff] | None = None,
+    ) -> None:
+        self.graphs = graphs
+        self.solvers = solvers
+        self.static_bytes = static_bytes
+        self.workspace = workspace
+        self.handoffs = handoffs
+        self.fingerprint = "+".join(g.fingerprint() for g in graphs)
+        self.baseline = self.combine([s.baseline for s in solvers])
+        grads = sum(_param_grad_bytes(g) for g in graphs)
+        self.fixed_bytes = static_bytes + grads if len(graphs) > 1 else solvers[0].fixed_bytes
+        self._minimum: Schedule | None = None
+
+    @property
+    def setup(self) -> StepSetup:
+        parts = [s.setup for s in self.solvers]
+        return StepSetup(
+            graphs=len(parts),
+            stages=sum(p.stages for p in parts),
+            distinct_stages=sum(p.distinct_stages for p in parts),
+            ilps=sum(p.ilps for p in parts),
+            ilp_seconds=sum(p.ilp_seconds for p in parts),
+            table_seconds=sum(p.table_seconds for p in parts),
+            worst_gap=max(p.worst_gap for p in parts),
+        )
+
+    def combine(self, schedules: list[GraphSchedule]) -> Schedule:
+        """One step plan from one schedule per graph, with the step's predicted figures."""
+        for graph, schedule in zip(self.graphs, schedules, strict=True):
+            schedule.structure = graph.structure()  # the runtime matches resized graphs by it
+        timeline = self.timeline(schedules)
+        worst = max(schedules, key=lambda s: s.gap)
+        return Schedule(
+            graphs=list(schedules),
+            predicted_peak_bytes=timeline.peak_bytes,
+            predicted_seconds=sum(s.predicted_seconds for s in schedules),
+            baseline_seconds=sum(s.baseline_seconds for s in schedules),
+            status="optimal" if all(s.status == "optimal" for s in schedules) else "feasible",
+            gap=worst.gap,
+            solve_seconds=sum(s.solve_seconds for s in schedules),
+        )
+
+    def timeline(self, schedules: list[GraphSchedule]) -> Timeline:
+        return step_timeline(
+            self.graphs, schedules, self.static_bytes, self.workspace, self.handoffs
+        )
+
+    def minimum(self) -> Schedule:
+        """The leanest plan: every graph at its own minimum."""
+        if self._minimum is None:
+            self._minimum = self.combine([s.minimum() for s in self.solvers])
+        return self._minimum.copy()
+
+    def solve(self, budget_bytes: int) -> Schedule:
+        """The fastest plan whose predicted step peak is at most `budget_bytes`."""
+        started = time.perf_counter()
+        if budget_bytes >= self.baseline.predicted_peak_bytes:
+            chosen = self.baseline.copy()
+        elif len(self.solvers) == 1:
+            chosen = self.combine([self.solvers[0].solve(budget_bytes)])
+        else:
+            chosen = self._shared(budget_bytes)
+        chosen.budget_bytes = int(budget_bytes)
+        chosen.solve_seconds = time.perf_counter() - started
+        return chosen
+
+    def _shared(self, budget: int) -> Schedule:
+        """Several graphs: the largest common share of each graph's range that fits."""
+        lowest = self.minimum()
+        if lowest.predicted_peak_bytes > budget:
+            raise UserError(
+                f"budget {format_bytes(budget)} is below the feasible minimum "
+                f"{format_bytes(lowest.predicted_peak_bytes)} "
+                f"({lowest.predicted_peak_bytes} bytes)"
+            )
+        best, lo, hi = lowest, 0.0, 1.0
+        for _ in range(BISECTIONS):
+            share = (lo + hi) / 2
+            candidate = self._at_share(share)
+            if candidate.predicted_peak_bytes <= budget:
+                if candidate.predicted_seconds <= best.predicted_seconds:
+                    best = candidate
+                lo = share
+            else:
+                hi = share
+        return best
+
+    def _at_share(self, share: float) -> Schedule:
+        picked = []
+        for solver in self.solvers:
+            low = solver.minimum().predicted_peak_bytes
+            high = solver.baseline.predicted_peak_bytes
+            picked.append(solver.solve(int(low + share * (high - low))))
+        return self.combine(picked)

@@ -1,0 +1,354 @@
+"""The runtime in ordinary training code: PyTorch's own guards decide when a graph is captured
+again, and every new graph gets the plan (exact, resized or carried over). Each case compares
+against the unmodified model, bitwise: a wrapped model that trains differently with no error
+is the failure these tests exist to catch."""
+
+from __future__ import annotations
+
+import copy
+import io
+import random
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import explorer
+from explorer.backend import EXACT, MAPPED, RESIZED, RematError, RematWarning, wrap_with_schedule
+
+
+def _lowest(model: nn.Module, *args, **kwargs):
+    """Plan `model` and return (planner, its lowest front point's schedule)."""
+    plan = explorer.Planner(model, args, kwargs)
+    front = plan.sweep(points=3)
+    schedule = front.points[0].schedule
+    return plan, schedule
+
+
+def _wrap(plan, schedule, model: nn.Module | None = None):
+    target = copy.deepcopy(plan.model if model is None else model)
+    return wrap_with_schedule(target, plan.made_for(), schedule.to_dict())
+
+
+def _same_grads(a: nn.Module, b: nn.Module) -> bool:
+    pairs = list(zip(a.parameters(), b.parameters(), strict=True))
+    return all(
+        (p.grad is None and q.grad is None)
+        or (p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad))
+        for p, q in pairs
+    )
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 2),
+    ).train()
+
+
+@pytest.fixture(scope="module")
+def planned():
+    x = torch.randn(4, 3, 16, 16)
+    plan, schedule = _lowest(_net(), x)
+    assert schedule.recomputed, "the lowest point must recompute something"
+    return plan, schedule, x
+
+
+def test_the_exported_plan_runs_exactly(planned):
+    plan, schedule, x = planned
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    reference(x).sum().backward()
+    wrapped(x).sum().backward()
+    assert [p.how for p in wrapped.plans] == [EXACT]
+    assert _same_grads(reference, wrapped.model)
+
+
+def test_input_gradients_reach_the_input(planned):
+    """A generator feeding a wrapped discriminator must train (once broken: no input grad)."""
+    plan, schedule, x = planned
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    generator = nn.Conv2d(3, 3, 1)
+    fake_a = generator(x)
+    fake_b = copy.deepcopy(generator)(x)
+    reference(fake_a).sum().backward()
+    wrapped(fake_b).sum().backward()
+    assert fake_b.grad_fn is not None and _same_grads(reference, wrapped.model)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (ga,) = torch.autograd.grad(reference(xa).sum(), xa)
+    (gb,) = torch.autograd.grad(wrapped(xb).sum(), xb)
+    assert torch.equal(ga, gb)
+
+
+def test_double_backward_is_refused_as_pytorch_refuses_it(planned):
+    plan, schedule, x = planned
+    wrapped = _wrap(plan, schedule)
+    xb = x.clone().requires_grad_()
+    torch.autograd.grad(wrapped(xb).sum(), xb)  # the graph's first backward frees as it goes
+    (grad,) = torch.autograd.grad(wrapped(xb).sum(), xb, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        grad.square().sum().backward()
+
+
+def test_retain_graph_twice_accumulates_like_the_model(planned):
+    """Once broken: "compiled with non-empty donated buffers" on the retained backward of a
+    graph whose first backward was an ordinary one."""
+    plan, schedule, x = planned
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    for model in (reference, wrapped):
+        model(x).sum().backward()
+        out = model(x).sum()
+        out.backward(retain_graph=True)
+        out.backward()
+    assert _same_grads(reference, wrapped.model)
+
+
+def test_unfrozen_layers_get_gradients(planned):
+    plan, schedule, x = planned
+    reference = copy.deepcopy(plan.model)
+    reference[0].requires_grad_(False)
+    wrapped = _wrap(plan, schedule, reference)
+    reference(x).sum().backward()
+    wrapped(x).sum().backward()
+    assert wrapped.model[0].weight.grad is None
+    reference[0].requires_grad_(True)
+    wrapped.model[0].requires_grad_(True)
+    reference(x).sum().backward()
+    wrapped(x).sum().backward()
+    assert wrapped.model[0].weight.grad is not None  # once broken: never got a gradient
+    assert _same_grads(reference, wrapped.model)
+
+
+def test_batchnorm_put_in_eval_after_wrap(planned):
+    plan, schedule, x = planned
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    reference[1].eval()
+    wrapped.model[1].eval()
+    for model in (reference, wrapped):
+        model(x).sum().backward()
+    # once broken: batch statistics were still used and the running statistics moved
+    assert torch.equal(reference[1].running_mean, wrapped.model[1].running_mean)
+    assert int(wrapped.model[1].num_batches_tracked) == int(plan.model[1].num_batches_tracked)
+    assert _same_grads(reference, wrapped.model)
+    assert wrapped.plans[-1].how == MAPPED
+
+
+def test_forward_hooks_fire_with_real_tensors(planned):
+    plan, schedule, x = planned
+    wrapped = _wrap(plan, schedule)
+    wrapped(x).sum().backward()  # compiled before the hook exists
+    seen: list[torch.Tensor] = []
+    handle = wrapped.model[2].register_forward_hook(lambda _m, _i, out: seen.append(out))
+    wrapped(x).sum().backward()
+    handle.remove()
+    wrapped(x).sum().backward()
+    assert len(seen) == 1 and type(seen[0]) is torch.Tensor and seen[0].shape == (4, 8, 16, 16)
+
+
+def test_a_smaller_last_batch_and_a_larger_one(planned):
+    plan, schedule, x = planned
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)  # smaller: no warning
+        for model in (reference, wrapped):
+            model(x[:3]).sum().backward()
+    assert wrapped.plans[-1].how == RESIZED and _same_grads(reference, wrapped.model)
+    big = torch.randn(32, 3, 16, 16)
+    with pytest.warns(RematWarning, match="more than its budget"):
+        wrapped(big).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)  # said once, not at every step
+        wrapped(big).sum().backward()
+
+
+def test_channels_last_and_permuted_inputs(planned):
+    plan, schedule, x = planned
+    for variant in (
+        x.to(memory_format=torch.channels_last),
+        x.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2),
+    ):
+        reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+        reference(variant).sum().backward()
+        wrapped(variant).sum().backward()
+        assert _same_grads(reference, wrapped.model)
+
+
+def test_pickle_and_deepcopy_keep_training(planned):
+    plan, schedule, x = planned
+    wrapped = _wrap(plan, schedule)
+    buffer = io.BytesIO()
+    torch.save(wrapped, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    copied = copy.deepcopy(wrapped)
+    reference = copy.deepcopy(plan.model)
+    reference(x).sum().backward()
+    for model in (loaded, copied):
+        model(x).sum().backward()
+        assert [p.how for p in model.plans] == [EXACT]
+        assert _same_grads(reference, model.model)
+    assert set(wrapped.state_dict()) == {f"model.{k}" for k in plan.model.state_dict()}
+
+
+def test_no_grad_runs_the_model_unchanged(planned):
+    plan, schedule, x = planned
+    wrapped = _wrap(plan, schedule).eval()
+    with torch.no_grad():
+        assert torch.equal(wrapped(x[:1]), copy.deepcopy(plan.model).eval()(x[:1]))
+    assert wrapped.plans == []
+
+
+class _Flags(nn.Module):
+    """A forward that reads a Python flag and Python's random module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.second = nn.Linear(8, 8)
+        self.double = False
+
+    def forward(self, x):
+        h = self.first(x).relu()
+        if self.double:
+            h = h * 2
+        if random.random() < 0.5:
+            h = h + 1
+        return self.second(h)
+
+
+def test_python_flags_and_random_are_followed():
+    x = torch.randn(4, 8)
+    torch.manual_seed(0)
+    plan, schedule = _lowest(_Flags(), x)
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    for double in (False, True):
+        reference.double = wrapped.model.double = double
+        for seed in range(4):
+            random.seed(seed)
+            expected = reference(x)
+            random.seed(seed)
+            assert torch.equal(wrapped(x), expected), (double, seed)
+
+
+def test_spectral_norm_trains_like_the_model():
+    """Its power iteration reads buffers the forward overwrites: recomputing it would read the
+    new values (once broken: gradients off by ~3e-3)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.utils.parametrizations.spectral_norm(nn.Linear(8, 8)), nn.ReLU(), nn.Linear(8, 1)
+    )
+    x = torch.randn(4, 8)
+    plan, schedule = _lowest(model, x)
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    for _ in range(2):
+        for m in (reference, wrapped):
+            m(x).sum().backward()
+    assert _same_grads(reference, wrapped.model)
+    assert all(
+        torch.equal(a, b) for a, b in zip(reference.buffers(), wrapped.model.buffers(), strict=True)
+    )
+
+
+class _Recurrent(nn.Module):
+    """Dynamo runs the recurrent layer eagerly (a graph break): the layers around it are
+    planned, and its own dropout draws exactly what the unmodified model draws."""
+
+    def __init__(self, cell: type[nn.Module]) -> None:
+        super().__init__()
+        self.embed = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.rnn = cell(8, 8, num_layers=2, dropout=0.5, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        h = self.embed(x)  # a statement of its own: Dynamo resumes after the break
+        h, _ = self.rnn(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
+def test_recurrent_layers_with_dropout(cell):
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    plan, schedule = _lowest(_Recurrent(cell), x)
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    torch.manual_seed(1)
+    expected = reference(x)
+    torch.manual_seed(1)
+    got = wrapped(x)
+    assert torch.equal(expected, got)
+    expected.sum().backward()
+    got.sum().backward()
+    assert _same_grads(reference, wrapped.model)
+
+
+class _Odd(nn.Module):
+    """Constants, an in-place write, and outputs that are the input, a view and a parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.inner(x)
+        h[:, :4] = 0
+        return {"out": h * torch.tensor(2.0), "input": x, "view": x[:, :2], "w": self.inner.weight}
+
+
+def test_odd_outputs_and_constants():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    plan, schedule = _lowest(_Odd(), x)
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    for model in (reference, wrapped):
+        out = model(x)
+        assert out["input"] is x or torch.equal(out["input"], x)
+        (out["out"].sum() + out["w"].sum() + out["view"].sum()).backward()
+    assert _same_grads(reference, wrapped.model)
+
+
+def test_another_model_is_refused_in_one_line(planned):
+    plan, schedule, _x = planned
+    other = nn.Sequential(nn.Linear(3, 3))
+    with pytest.raises(RematError, match="made for .*this model has 2") as info:
+        wrap_with_schedule(other, plan.made_for(), schedule.to_dict())
+    assert "\n" not in str(info.value)
+
+
+def test_a_hand_edited_schedule_is_refused(planned):
+    plan, schedule, x = planned
+    data = schedule.to_dict()
+    data["graphs"][0]["backward"] = data["graphs"][0]["backward"][1:]  # drop the first step
+    wrapped = wrap_with_schedule(copy.deepcopy(plan.model), plan.made_for(), data)
+    with pytest.raises(Exception, match="does not run on this graph|never makes"):
+        wrapped(x).sum().backward()
+
+
+class _TwoGraphs(nn.Module):
+    """Data-dependent Python between two halves: Dynamo gives two graphs, each planned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
+        self.second = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+
+    def forward(self, x):
+        h = self.first(x)
+        if h.mean() > 0:
+            h = h * 2
+        return self.second(h)
+
+
+def test_several_graphs_are_planned_and_verified():
+    torch.manual_seed(0)
+    model, x = _TwoGraphs(), torch.randn(128, 16)
+    plan, schedule = _lowest(model, x)
+    assert len(schedule.graphs) == 2 and schedule.recomputed_ops()
+    report = schedule.verify()
+    assert report.ok, report.format_table()  # peaks of both graphs, combined, within 3%

@@ -1,0 +1,150 @@
+"""Real training loops with an exported schedule: the wrapped model ends where the unmodified one
+ends, bitwise (same parameters, optimizer state and BatchNorm buffers)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import import_schedule, planner, train_step
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import explorer
+from explorer.backend import EXACT, MAPPED, RESIZED
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    """sample:tiny_cnn planned at batch 4, its lowest front point exported and imported."""
+    plan = planner("sample:tiny_cnn", 4, 32)
+    front = plan.sweep(points=5)
+    schedule = front.points[0].schedule
+    assert schedule.recomputed_ops(), "the lowest point should recompute something"
+    path = schedule.export(tmp_path_factory.mktemp("export") / "tiny_cnn_low.py")
+    return plan, import_schedule(path)
+
+
+def _same_state(a: nn.Module, b: nn.Module) -> bool:
+    return all(
+        torch.equal(x, y)
+        for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+
+
+def test_sgd_steps_end_with_the_same_parameters(cnn):
+    plan, schedule = cnn
+    reference = copy.deepcopy(plan.model)
+    wrapped = schedule.wrap(copy.deepcopy(plan.model))
+    for model in (reference, wrapped):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for step in range(3):
+            opt.zero_grad(set_to_none=True)
+            train_step(model, plan.example_inputs, seed=step)
+            opt.step()
+    assert _same_state(reference, wrapped.model)
+    assert [p.how for p in wrapped.plans] == [EXACT]
+
+
+def test_a_dataloader_epoch_with_a_smaller_last_batch(cnn):
+    """11 samples in batches of 4: the last batch has 3 (once refused: training stopped at the
+    end of the first epoch)."""
+    plan, schedule = cnn
+    data = TensorDataset(torch.randn(11, 3, 32, 32), torch.randint(0, 10, (11,)))
+    reference = copy.deepcopy(plan.model)
+    wrapped = schedule.wrap(copy.deepcopy(plan.model))
+    for model in (reference, wrapped):
+        torch.manual_seed(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        for x, y in DataLoader(data, batch_size=4, shuffle=True):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert _same_state(reference, wrapped.model)
+    assert {p.how for p in wrapped.plans} == {EXACT, RESIZED}
+
+
+def test_bf16_autocast_planned_and_not(cnn):
+    """Under autocast the graph changes: a plan made without it is carried over, a plan made
+    under it applies exactly; both train like the unmodified model under autocast."""
+    plan, schedule = cnn
+    bf16 = explorer.Planner(plan.model, plan.example_inputs, autocast=torch.bfloat16)
+    own = bf16.sweep(points=3).points[0].schedule
+    for wrap, expected in ((schedule.wrap, MAPPED), (None, EXACT)):
+        model = copy.deepcopy(plan.model)
+        if wrap is not None:
+            wrapped = wrap(model)
+        else:
+            wrapped = explorer.backend.wrap_with_schedule(model, bf16.made_for(), own.to_dict())
+        reference = copy.deepcopy(plan.model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outputs = [train_step(m, plan.example_inputs, seed=5) for m in (reference, wrapped)]
+        assert torch.equal(outputs[0][0], outputs[1][0])
+        assert _same_state(reference, wrapped.model)
+        assert all(
+            torch.equal(p.grad, q.grad)
+            for p, q in zip(reference.parameters(), wrapped.model.parameters(), strict=True)
+        )
+        assert wrapped.plans[-1].how == expected
+
+
+def test_a_gan_step(cnn):
+    """A generator feeding the wrapped discriminator gets its gradients (once: it never
+    trained, the input got no gradient)."""
+    plan, schedule = cnn
+    torch.manual_seed(0)
+    generator = nn.Sequential(nn.Linear(16, 3 * 32 * 32), nn.Unflatten(1, (3, 32, 32)))
+    pairs = []
+    for wrap in (False, True):
+        g = copy.deepcopy(generator)
+        d = copy.deepcopy(plan.model)
+        d = schedule.wrap(d) if wrap else d
+        g_opt = torch.optim.Adam(g.parameters(), lr=1e-3)
+        torch.manual_seed(1)
+        for _ in range(2):
+            g_opt.zero_grad()
+            fake = g(torch.randn(4, 16))
+            d(fake).logsumexp(1).mean().backward()
+            g_opt.step()
+        pairs.append(g)
+    assert _same_state(*pairs)
+
+
+def test_fine_tuning_that_unfreezes_the_backbone(cnn):
+    plan, schedule = cnn
+    reference = copy.deepcopy(plan.model)
+    wrapped = schedule.wrap(copy.deepcopy(plan.model))
+    for model in (reference, wrapped.model):
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("5."))  # the classifier only
+    for model in (reference, wrapped):
+        core = model.model if model is wrapped else model
+        opt = torch.optim.SGD(core.parameters(), lr=0.1, momentum=0.9)
+        for step in range(4):
+            if step == 2:
+                core.requires_grad_(True)
+            opt.zero_grad()
+            train_step(model, plan.example_inputs, seed=step)
+            opt.step()
+    assert _same_state(reference, wrapped.model)
+    assert len(wrapped.plans) == 2
+
+
+def test_gpt_with_dropout_and_other_sequence_lengths(tmp_path):
+    plan = planner("sample:gpt", 2, 32)
+    front = plan.sweep(points=4)
+    path = front.points[0].schedule.export(tmp_path / "gpt_low.py")
+    schedule = import_schedule(path)
+    reference = copy.deepcopy(plan.model)
+    wrapped = schedule.wrap(copy.deepcopy(plan.model))
+    tokens = plan.example_inputs[0]
+    for model in (reference, wrapped):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step, length in enumerate((32, 32, 24, 32)):
+            opt.zero_grad(set_to_none=True)
+            train_step(model, (tokens[:, :length],), seed=10 + step)
+            opt.step()
+    pairs = zip(reference.parameters(), wrapped.model.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert [p.how for p in wrapped.plans] == [EXACT, RESIZED]
