@@ -2,15 +2,38 @@
 
 The pipeline, one module per stage: capture -> profile -> solve (chain, stage_ilp, rotor)
 -> sweep -> simulate -> export -> runtime -> verify. `Planner` carries a model through it.
+
+The public names below load on first use (PEP 562), so that `import explorer` is instant
+and the command line can answer --help, a usage error or Ctrl+C before torch has loaded.
 """
 
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from explorer.errors import Cancelled, UserError
-from explorer.planner import Planner
-from explorer.progress import CancelToken
-from explorer.schedule import Schedule
-from explorer.simulate import Timeline
-from explorer.sweep import Front, FrontPoint
-from explorer.verify import VerifyReport, verify
+
+if TYPE_CHECKING:
+    from explorer.planner import Planner
+    from explorer.progress import CancelToken
+    from explorer.schedule import Schedule
+    from explorer.simulate import Timeline
+    from explorer.sweep import Front, FrontPoint
+    from explorer.verify import VerifyReport, verify
+
+_LAZY = {
+    "CancelToken": "explorer.progress",
+    "Front": "explorer.sweep",
+    "FrontPoint": "explorer.sweep",
+    "Planner": "explorer.planner",
+    "Schedule": "explorer.schedule",
+    "Timeline": "explorer.simulate",
+    "VerifyReport": "explorer.verify",
+    "verify": "explorer.verify",
+}
 
 __all__ = [
     "CancelToken",
@@ -24,3 +47,24 @@ __all__ = [
     "VerifyReport",
     "verify",
 ]
+
+
+class _Package(types.ModuleType):
+    """`explorer.verify` stays the function: importing the submodule `explorer.verify` would
+    otherwise set the package attribute of that name to the module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'explorer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
