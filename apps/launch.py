@@ -96,6 +96,14 @@ def _whole_number(environ: Mapping[str, str], name: str) -> int | None:
         raise UserError(f"{name} must be a whole number, not {text!r}") from None
 
 
+def _import_root() -> str:
+    """The folder that holds the `explorer` package (a checkout, or site-packages), so the
+    kernel imports the same remat-explorer as this process."""
+    import explorer
+
+    return str(Path(explorer.__file__).resolve().parent.parent)
+
+
 def port_is_free(port: int) -> bool:
     """True if a server could listen on HOST:port now (SO_REUSEADDR, as tornado binds)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -147,8 +155,7 @@ def serve(
     if not port_is_free(port):
         raise UserError(f"port {port} on {HOST} is already in use; choose another with --port")
     env = {**os.environ, **environment(model, batch_size, input_size, Path.cwd())}
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_import_root(), env.get("PYTHONPATH")) if p)
     url = f"http://{HOST}:{port}/"
     print(f"starting the dashboard on {url} ...", flush=True)
     process = subprocess.Popen(voila_command(port), env=env)

@@ -1,9 +1,9 @@
-"""The `remat-explorer` command line (its contract: docs/DESIGN.md, "Command line").
+"""remat-explorer: fit a PyTorch training step into less memory by recomputing activations.
 
 Exit codes: 0 done, 1 `verify` found a difference, 2 bad input (one line on stderr), 3 a
 bug in remat-explorer, 130 interrupted (Ctrl+C), 141 the reader of stdout went away.
 Files are written atomically and checked before any work, so an error never leaves a
-half-written file or replaces one.
+half-written file or replaces one. The full contract: docs/DESIGN.md ("Command line").
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from explorer.errors import Cancelled, UserError  # noqa: E402
-from explorer.units import BUDGET_FORMS, format_bytes  # noqa: E402
+from explorer.units import format_bytes  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
@@ -215,7 +215,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    from apps.launch import serve
+    from remat_explorer.apps.launch import serve
 
     return serve(args.port, args.model, args.batch_size, args.input_size)
 
@@ -266,8 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budget",
         required=True,
-        help=f"{BUDGET_FORMS} of the activation memory (1.0: no recomputation); "
-        "a bare whole number is refused as ambiguous",
+        help="a size with a unit (4GB, 512MiB, 300000B) or a fraction with a decimal point "
+        "(0.5: half of the activation memory, 1.0: no recomputation); a bare whole number "
+        "such as 1 is refused as ambiguous",
     )
     p.add_argument(
         "--out",

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from apps import launch
 from explorer.cli import main
 from explorer.errors import UserError
+from remat_explorer.apps import launch
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ import explorer
 from explorer import Planner, UserError
 from explorer.models import build
 from explorer.verify import VerifyReport, VerifyRow
-from sample_models.tiny import cnn
-from widgets import (
+from remat_explorer.widgets import (
     BudgetSlider,
     Choice,
     Dashboard,
@@ -27,10 +26,11 @@ from widgets import (
     TimelinePlot,
     VerifyPanel,
 )
-from widgets.export import module_file_name
-from widgets.model_picker import ModelPicker
-from widgets.status import StatusLine
-from widgets.units import mib
+from remat_explorer.widgets.export import module_file_name
+from remat_explorer.widgets.model_picker import ModelPicker
+from remat_explorer.widgets.status import StatusLine
+from remat_explorer.widgets.units import mib
+from sample_models.tiny import cnn
 
 SPEC = "sample:tiny_cnn"
 JOB_TIMEOUT_S = 300

@@ -10,16 +10,16 @@ from typing import Any
 import ipywidgets as ipw
 
 from explorer import CancelToken, Planner, UserError, peers
-from widgets.budget import BudgetSlider
-from widgets.choice import Choice
-from widgets.export import ExportPanel, module_file_name
-from widgets.model_picker import ModelPicker
-from widgets.pareto import ParetoPlot
-from widgets.status import StatusLine
-from widgets.tasks import ProgressFn, TaskRunner
-from widgets.timeline import TimelinePlot
-from widgets.units import format_bytes
-from widgets.verify import VerifyPanel
+from remat_explorer.widgets.budget import BudgetSlider
+from remat_explorer.widgets.choice import Choice
+from remat_explorer.widgets.export import ExportPanel, module_file_name
+from remat_explorer.widgets.model_picker import ModelPicker
+from remat_explorer.widgets.pareto import ParetoPlot
+from remat_explorer.widgets.status import StatusLine
+from remat_explorer.widgets.tasks import ProgressFn, TaskRunner
+from remat_explorer.widgets.timeline import TimelinePlot
+from remat_explorer.widgets.units import format_bytes
+from remat_explorer.widgets.verify import VerifyPanel
 
 
 class Dashboard(ipw.VBox):

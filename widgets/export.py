@@ -11,7 +11,7 @@ from typing import Any
 import ipywidgets as ipw
 
 from explorer import UserError
-from widgets.status import StatusLine
+from remat_explorer.widgets.status import StatusLine
 
 Listener = Callable[[Path], None]
 

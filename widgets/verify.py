@@ -9,8 +9,8 @@ from typing import Any
 import ipywidgets as ipw
 
 import explorer
-from widgets.tasks import TaskRunner
-from widgets.units import format_bytes
+from remat_explorer.widgets.tasks import TaskRunner
+from remat_explorer.widgets.units import format_bytes
 
 NOT_OK = '<b style="color:#b42318">NOT OK</b>'
 CELL = "padding:2px 10px;border-bottom:1px solid #ddd;text-align:left"
