@@ -336,6 +336,9 @@ def test_an_out_folder_that_is_a_file_is_refused_before_any_work(capsys, tmp_pat
         assert_refused(capsys, args, "is a file")
     assert_refused(capsys, export_args(tiny, a_file / "schedule.py"), "is a file")
     assert a_file.read_text() == "not a folder"
+    a_folder = tmp_path / "d.py"
+    a_folder.mkdir()
+    assert_refused(capsys, export_args(tiny, a_folder), "is a folder")
 
 
 def test_an_out_that_cannot_be_written(capsys, tmp_path, tiny):
