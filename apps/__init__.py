@@ -1,1 +1,2 @@
-"""The Voila app behind `remat-explorer app`: a notebook that shows `widgets.Dashboard`."""
+"""The Voila app behind `remat-explorer app`: a notebook that shows the Dashboard (installed
+as `remat_explorer.apps`)."""

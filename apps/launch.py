@@ -41,8 +41,20 @@ ENV_EXPORT_DIR = "REMAT_EXPORT_DIR"
 def resolve(
     model: str | None, batch_size: int | None, input_size: int | None
 ) -> tuple[str, int, int | None]:
-    """Fill in the default model and batch size; no input size means the model's own."""
-    return model or DEFAULT_MODEL, batch_size or DEFAULT_BATCH_SIZE, input_size
+    """Fill in the default model and batch size; no input size means the model's own.
+
+    A batch or input size below 1 is refused (a UserError), never replaced by the default:
+    the dashboard must show what was asked for. Whether a large batch fits in memory is
+    checked when the model is built (Profile), where its input size is known.
+    """
+    for flag, value in (("--batch-size", batch_size), ("--input-size", input_size)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise UserError(f"{flag} must be a whole number of at least 1, not {value!r}")
+    return (
+        model or DEFAULT_MODEL,
+        DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+        input_size,
+    )
 
 
 def environment(
@@ -60,11 +72,10 @@ def environment(
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """`Dashboard` keyword arguments from the launcher's variables (defaults where unset)."""
-    size = environ.get(ENV_INPUT_SIZE)
     model, batch_size, input_size = resolve(
         environ.get(ENV_MODEL) or None,
-        int(environ.get(ENV_BATCH_SIZE) or 0) or None,
-        int(size) if size else None,
+        _whole_number(environ, ENV_BATCH_SIZE),
+        _whole_number(environ, ENV_INPUT_SIZE),
     )
     return {
         "spec": model,
@@ -72,6 +83,25 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "input_size": input_size,
         "export_dir": environ.get(ENV_EXPORT_DIR) or ".",
     }
+
+
+def _whole_number(environ: Mapping[str, str], name: str) -> int | None:
+    """An unset or empty variable is None; anything but a whole number is a UserError."""
+    text = (environ.get(name) or "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{name} must be a whole number, not {text!r}") from None
+
+
+def _import_root() -> str:
+    """The folder that holds the `explorer` package (a checkout, or site-packages), so the
+    kernel imports the same remat-explorer as this process."""
+    import explorer
+
+    return str(Path(explorer.__file__).resolve().parent.parent)
 
 
 def port_is_free(port: int) -> bool:
@@ -125,8 +155,7 @@ def serve(
     if not port_is_free(port):
         raise UserError(f"port {port} on {HOST} is already in use; choose another with --port")
     env = {**os.environ, **environment(model, batch_size, input_size, Path.cwd())}
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_import_root(), env.get("PYTHONPATH")) if p)
     url = f"http://{HOST}:{port}/"
     print(f"starting the dashboard on {url} ...", flush=True)
     process = subprocess.Popen(voila_command(port), env=env)

@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from widgets import Dashboard  # noqa: E402
+from remat_explorer.widgets import Dashboard  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "slider_latency.json"
 TARGET_MS = 200.0

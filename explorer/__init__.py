@@ -1,41 +1,73 @@
 """remat-explorer: fit PyTorch training into less memory by recomputing activations.
 
-The pipeline, one module per stage: capture -> profile -> solve -> sweep -> simulate -> export
--> backend (the runtime) -> verify. `Planner` carries a model through it.
+The pipeline, one module per stage: capture -> profile -> solve (chain, stage_ilp, rotor)
+-> sweep -> simulate -> export -> backend (the runtime) -> verify. `Planner` carries a model
+through it.
 
-Names are imported on first use, so that `import explorer.backend` (what an exported schedule
-imports) loads only torch and the runtime, not the solver (PuLP, numpy) or torchvision.
+The public names below load on first use (PEP 562), so that `import explorer` is instant, the
+command line can answer --help, a usage error or Ctrl+C before torch has loaded, and
+`import explorer.backend` (what an exported schedule imports) loads only torch and the
+runtime, never the solver (PuLP, numpy) or torchvision.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
+from explorer.errors import Cancelled, UserError
+
+if TYPE_CHECKING:
+    from explorer.planner import Planner
+    from explorer.progress import CancelToken
+    from explorer.schedule import Schedule
+    from explorer.simulate import Timeline
+    from explorer.sweep import Front, FrontPoint
+    from explorer.verify import VerifyReport, verify
+
+_LAZY = {
     "CancelToken": "explorer.progress",
-    "Cancelled": "explorer.errors",
     "Front": "explorer.sweep",
     "FrontPoint": "explorer.sweep",
     "Planner": "explorer.planner",
     "Schedule": "explorer.schedule",
     "Timeline": "explorer.simulate",
-    "UserError": "explorer.errors",
     "VerifyReport": "explorer.verify",
     "verify": "explorer.verify",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "CancelToken",
+    "Cancelled",
+    "Front",
+    "FrontPoint",
+    "Planner",
+    "Schedule",
+    "Timeline",
+    "UserError",
+    "VerifyReport",
+    "verify",
+]
+
+
+class _Package(types.ModuleType):
+    """`explorer.verify` stays the function: importing the submodule `explorer.verify` would
+    otherwise set the package attribute of that name to the module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'explorer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

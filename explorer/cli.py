@@ -1,23 +1,45 @@
-"""The `remat-explorer` command line (contract in DESIGN.md).
+"""remat-explorer: fit a PyTorch training step into less memory by recomputing activations.
 
-Bad input (unknown model, infeasible budget, corrupt or mismatched file) prints one line on
-stderr and exits 2; files are written atomically, so nothing is left half-written.
+Exit codes: 0 done, 1 `verify` found a difference, 2 bad input (one line on stderr), 3 a
+bug in remat-explorer, 130 interrupted (Ctrl+C), 141 the reader of stdout went away.
+Files are written atomically and checked before any work, so an error never leaves a
+half-written file or replaces one. The full contract: docs/DESIGN.md ("Command line").
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import signal
 import sys
-from collections.abc import Callable
-from pathlib import Path
 
-from explorer.errors import Cancelled, UserError
-from explorer.units import format_bytes
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+INTERRUPTED = "remat-explorer: interrupted"
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    """Ctrl+C while the program is still loading, before main(): nothing to clean up yet."""
+    os.write(sys.stderr.fileno(), f"{INTERRUPTED}\n".encode())
+    os._exit(EXIT_INTERRUPTED)
+
+
+_AS_PROGRAM = __name__ == "__main__" or os.path.basename(sys.argv[0]) == "remat-explorer"
+if _AS_PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _exit_interrupted)  # first, before the imports below
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from explorer.errors import Cancelled, UserError  # noqa: E402
+from explorer.units import format_bytes  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,6 +47,31 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message} (see --help)")
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1 ("1e9" and "2.5" are refused)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
+def _points(text: str) -> int:
+    value = _positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a sweep needs at least 2 points, not {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text!r}")
+    return value
 
 
 def _default_device() -> str:
@@ -51,8 +98,11 @@ def _tqdm_progress(desc: str) -> tuple[Callable[[int, int, str], None], Callable
 def _planner(args: argparse.Namespace):
     import torch
 
+    from explorer.files import check_writable_folder
     from explorer.models import build
     from explorer.planner import Planner
+
+    check_writable_folder(Path(args.out))  # before minutes of work, and before writing
 
     device = args.device or _default_device()
     built = build(args.model, args.batch_size, args.input_size, device=device)
@@ -156,7 +206,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     front = Front.load(args.front)
     schedule = front.at_budget(args.budget)
-    path = write_module(schedule, front.model, args.out)
+    path = write_module(schedule, front.model, args.out, force=args.force)
     print(
         f"wrote {path}: predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
         f"overhead {schedule.predicted_overhead:+.1%}"
@@ -173,17 +223,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    from apps.launch import serve
+    from remat_explorer.apps.launch import serve
 
     return serve(args.port, args.model, args.batch_size, args.input_size)
 
 
 def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--model", required=required, help="resnet50, sample:unet, or pkg.mod:factory")
-    p.add_argument("--batch-size", type=int, required=required)
+    p.add_argument("--batch-size", type=_positive_int, required=required)
     p.add_argument(
         "--input-size",
-        type=int,
+        type=_positive_int,
         default=None,
         help="image side or sequence length (default: the model's own)",
     )
@@ -199,7 +249,11 @@ def _amp_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="remat-explorer", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="remat-explorer",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[1],
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("app", help="serve the dashboard on 127.0.0.1")
@@ -221,8 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     _amp_arg(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    p.add_argument("--points", type=int, default=12)
-    p.add_argument("--time-limit", type=float, default=None, help="seconds per ILP solve")
+    p.add_argument("--points", type=_points, default=12, help="budgets to solve (at least 2)")
+    p.add_argument("--time-limit", type=_seconds, default=None, help="seconds per ILP solve")
     p.add_argument("--out", required=True, help="folder for profile.json and front.json")
     p.set_defaults(func=cmd_sweep)
 
@@ -231,9 +285,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budget",
         required=True,
-        help="bytes (4GB, 512MiB) or a fraction of the activation memory (0.5)",
+        help="a size with a unit (4GB, 512MiB, 300000B) or a fraction with a decimal point "
+        "(0.5: half of the activation memory, 1.0: no recomputation); a bare whole number "
+        "such as 1 is refused as ambiguous",
     )
-    p.add_argument("--out", required=True, help="the .py file to write")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the .py file to write; an existing file is replaced only if it is a schedule",
+    )
+    p.add_argument("--force", action="store_true", help="replace --out whatever it holds")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("verify", help="check an exported schedule against the unmodified model")
@@ -245,24 +306,103 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        return args.func(args)
-    except UserError as err:
-        print(f"remat-explorer: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (Cancelled, KeyboardInterrupt):
-        print("remat-explorer: interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:  # a bug: say so in one line, the traceback on request
-        if os.environ.get("REMAT_EXPLORER_DEBUG"):
-            raise
-        print(
-            f"remat-explorer: internal error: {type(err).__name__}: {err} "
-            "(set REMAT_EXPLORER_DEBUG=1 for the traceback)",
-            file=sys.stderr,
+    """Run one command; returns the exit code (see the module docstring).
+
+    Everything that takes time, torch's import included, happens in here, under the Ctrl+C
+    handler: so an interrupt at any moment is one line and exit code 130.
+    """
+    interrupts = _Interrupts()
+    with interrupts.handled():
+        try:
+            args = build_parser().parse_args(argv)
+            code = args.func(args)
+            sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError now
+            return code
+        except UserError as err:
+            return _fail(str(err))
+        except (Cancelled, KeyboardInterrupt):
+            return _interrupted()
+        except BrokenPipeError:
+            return _broken_pipe()
+        except Exception as err:
+            if interrupts.seen:  # e.g. CBC, killed by the same Ctrl+C, seen as its error
+                return _interrupted()
+            if _out_of_memory(err):
+                return _fail(
+                    f"out of memory ({_first_line(err)}); "
+                    "use a smaller --batch-size or --input-size"
+                )
+            if os.environ.get("REMAT_EXPLORER_DEBUG"):  # a bug: one line, traceback on request
+                raise
+            return _fail(
+                f"internal error: {type(err).__name__}: {_first_line(err)} "
+                "(set REMAT_EXPLORER_DEBUG=1 for the traceback)",
+                EXIT_INTERNAL,
+            )
+
+
+class _Interrupts:
+    """Ctrl+C while a command runs: the first raises KeyboardInterrupt (so temporary files
+    are removed on the way out), a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.seen:
+            os._exit(EXIT_INTERRUPTED)
+        self.seen = True
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def handled(self) -> Iterator[None]:
+        """Install the handler for the block (main thread only, and not where SIGINT is
+        ignored, as in a background job); put the previous one back after."""
+        previous = signal.getsignal(signal.SIGINT)
+        install = threading.current_thread() is threading.main_thread() and previous in (
+            signal.default_int_handler,
+            _exit_interrupted,
         )
-        return EXIT_INTERNAL
+        if install:
+            signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            yield
+        finally:
+            if install:
+                signal.signal(signal.SIGINT, previous)
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    print(f"remat-explorer: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _interrupted() -> int:
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
+def _broken_pipe() -> int:
+    """stdout's reader left (`remat-explorer models | head`): stop quietly. Point stdout at
+    /dev/null so that the interpreter's own flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+def _out_of_memory(err: Exception) -> bool:
+    """torch.OutOfMemoryError (CUDA) or a CPU allocation that failed."""
+    text = str(err)
+    return type(err).__name__ == "OutOfMemoryError" or (
+        isinstance(err, RuntimeError)
+        and ("can't allocate memory" in text or "out of memory" in text)
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 if __name__ == "__main__":

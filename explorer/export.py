@@ -14,7 +14,7 @@ import pprint
 from pathlib import Path
 
 from explorer.errors import UserError
-from explorer.files import write_atomic
+from explorer.files import check_module_target, write_atomic
 from explorer.schedule import Schedule
 from explorer.units import format_bytes
 
@@ -52,12 +52,13 @@ def wrap(model):
 def write_module(
     schedule: Schedule, made_for: dict, path: str | Path, *, force: bool = False
 ) -> Path:
-    """Write the schedule module to `path` (a .py file)."""
+    """Write the schedule module to `path` (a .py file).
+
+    An existing file is replaced only if it is itself a schedule, or with `force`; names that
+    would shadow another module are refused (see `explorer.files.check_module_target`).
+    """
     path = Path(path)
-    if path.suffix != ".py":
-        raise UserError(f"{path}: the exported file must end in .py")
-    if not path.stem.isidentifier():
-        raise UserError(f"{path}: the file name must be a Python module name (letters, digits, _)")
+    check_module_target(path, force=force, is_schedule=is_schedule_file)
     model = made_for.get("model", {})
     text = _TEMPLATE.format(
         model=f"{model.get('name')} (batch {model.get('batch_size')}, input size "
@@ -87,6 +88,15 @@ def _inputs_line(inputs: dict) -> str:
     parts = [one(a) for a in inputs.get("args", [])]
     parts += [f"{k}={one(v)}" for k, v in inputs.get("kwargs", {}).items()]
     return ", ".join(parts) or "none"
+
+
+def is_schedule_file(path: Path) -> bool:
+    """Whether `path` reads as a schedule module (without running it)."""
+    try:
+        read_module(path)
+    except (UserError, OSError):
+        return False
+    return True
 
 
 def read_module(path: str | Path) -> tuple[dict, dict]:

@@ -19,14 +19,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["LiveBytesTracker", "StepMeasurement", "measure_step", "tensor_bytes", "time_step"]
+__all__ = ["LiveBytesTracker", "tensor_bytes", "time_step"]
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -132,7 +131,7 @@ class LiveBytesTracker:
 
     @property
     def peak_bytes(self) -> int:
-        """Most bytes alive at once since entry or the last ``reset_peak()``."""
+        """Most bytes alive at once since entry."""
         if self._active and self._is_cuda:
             self._read_cuda()
         return self._peak
@@ -143,15 +142,6 @@ class LiveBytesTracker:
         if self._active and self._is_cuda:
             self._read_cuda()
         return self._reserved_peak
-
-    def reset_peak(self) -> None:
-        """Start a new peak from what is alive now, e.g. to measure only the backward."""
-        if self._is_cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._read_cuda()
-        with self._lock:
-            self._peak = self._current
 
     def _read_cuda(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -195,14 +185,6 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
-@dataclass(frozen=True)
-class StepMeasurement:
-    """One step's peak bytes (above what existed before it) and wall-clock seconds."""
-
-    peak_bytes: int
-    seconds: float
-
-
 def time_step(step_fn: Callable[[], None], device: str | torch.device = "cpu") -> float:
     """Seconds for one call of `step_fn`; on CUDA, synchronized so queued kernels count."""
     device = torch.device(device)
@@ -213,15 +195,3 @@ def time_step(step_fn: Callable[[], None], device: str | torch.device = "cpu") -
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-def measure_step(
-    step_fn: Callable[[], None], device: str | torch.device = "cpu"
-) -> StepMeasurement:
-    """Run `step_fn` once under a `LiveBytesTracker` and time it.
-
-    The time includes the CPU tracker's per-operator cost; use `time_step` for timing alone.
-    """
-    with LiveBytesTracker(device) as tracker:
-        seconds = time_step(step_fn, device)
-    return StepMeasurement(tracker.peak_bytes, seconds)

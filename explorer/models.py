@@ -23,7 +23,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple, TypeVar
 
@@ -33,6 +34,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from explorer.errors import UserError
+from explorer.units import format_bytes
 from sample_models import SAMPLE_MODELS
 
 SAMPLE_PREFIX = "sample:"
@@ -81,18 +83,6 @@ class ModelSpec:
         """Plain JSON-ready dict, for profile, front and exported files."""
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> ModelSpec:
-        """Read back `to_dict`'s output; a malformed dict is a UserError (a corrupt file)."""
-        if isinstance(data, Mapping):
-            name, batch, size = data.get("name"), data.get("batch_size"), data.get("input_size")
-            if isinstance(name, str) and _is_int(batch) and (size is None or _is_int(size)):
-                return cls(name, batch, size)
-        raise UserError(
-            f"malformed model spec {data!r}: expected name (str), "
-            "batch_size (int) and input_size (int or null)"
-        )
-
 
 @dataclass
 class Built:
@@ -134,7 +124,7 @@ def build(
         inputs = tuple(_to(x, dev) for x in made.inputs)
         kwargs = {k: _to(v, dev) for k, v in (made.kwargs or {}).items()}
         return Built(model, inputs, ModelSpec(spec, batch_size, input_size), "custom", kwargs)
-    cpu_inputs = _example_inputs(model, made.kind, batch_size, made.size, seed)
+    cpu_inputs = _example_inputs(model, made.kind, batch_size, made.size, seed, dev)
     inputs = tuple(x.to(dev) for x in cpu_inputs)
     err = _probe(model, inputs, dev)
     if err is not None:
@@ -206,7 +196,12 @@ def _make_sample(spec: str, input_size: int | None) -> _Made:
 def _make_factory(spec: str, input_size: int | None) -> _Made:
     """The user's package.module:factory. Unless it returns its own example inputs, the
     input kind and default size are read from the model's first layer."""
-    model, inputs, kwargs = _split_factory_result(_load_factory(spec)(), spec)
+    factory = _load_factory(spec)
+    try:
+        result = factory()
+    except (Exception, SystemExit) as err:  # SystemExit too: `sys:exit` must not end the run
+        raise UserError(f"the model factory {spec} raised {_describe(err)}") from None
+    model, inputs, kwargs = _split_factory_result(result, spec)
     if inputs is not None:
         return _Made(model, "custom", 0, 0, inputs, kwargs)
     kind, default = _infer_input(model, spec)
@@ -225,6 +220,10 @@ def _load_factory(spec: str) -> Callable[[], object]:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise UserError(f"cannot import {module_name!r} for model spec {spec!r}: {err}") from None
+    except (Exception, SystemExit) as err:  # the user's module failed while it was imported
+        raise UserError(
+            f"importing {module_name!r} for model spec {spec!r} raised {_describe(err)}"
+        ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UserError(f"module {module_name!r} has no callable {attr!r} (model spec {spec!r})")
@@ -276,19 +275,59 @@ def _infer_input(model: nn.Module, spec: str) -> tuple[str, int]:
 
 
 def _example_inputs(
-    model: nn.Module, kind: str, batch_size: int, size: int, seed: int
+    model: nn.Module, kind: str, batch_size: int, size: int, seed: int, dev: torch.device
 ) -> tuple[torch.Tensor, ...]:
-    """A seeded CPU batch for `kind`: channels and vocabulary come from the model's layers."""
+    """A seeded CPU batch for `kind`: channels and vocabulary come from the model's layers.
+
+    A batch larger than the free memory of this machine (or of `dev`) is refused before it
+    is allocated, so that it fails with a line instead of the out-of-memory killer."""
     gen = torch.Generator().manual_seed(seed)
     if kind == "image":
         conv = _first(model, nn.Conv2d)
         channels = conv.in_channels if conv is not None else 3
-        return (torch.randn(batch_size, channels, size, size, generator=gen),)
-    if kind == "sequence":
-        embedding = _first(model, nn.Embedding)
-        vocab = embedding.num_embeddings if embedding is not None else 2
-        return (torch.randint(0, vocab, (batch_size, size), generator=gen),)
-    return (torch.randn(batch_size, size, generator=gen),)
+        shape, dtype = (batch_size, channels, size, size), torch.float32
+    elif kind == "sequence":
+        shape, dtype = (batch_size, size), torch.int64
+    else:
+        shape, dtype = (batch_size, size), torch.float32
+    _check_fits(math.prod(shape) * dtype.itemsize, batch_size, dev)
+    try:
+        if kind == "sequence":
+            embedding = _first(model, nn.Embedding)
+            vocab = embedding.num_embeddings if embedding is not None else 2
+            return (torch.randint(0, vocab, shape, generator=gen),)
+        return (torch.randn(shape, generator=gen),)
+    except RuntimeError as err:  # torch.OutOfMemoryError is one, so is a failed CPU malloc
+        raise UserError(
+            f"batch size {batch_size} does not fit in memory ({_first_line(err)}); "
+            "use a smaller --batch-size"
+        ) from None
+
+
+def _check_fits(nbytes: int, batch_size: int, dev: torch.device) -> None:
+    """Refuse an example input larger than the free memory where it is made (CPU) and kept."""
+    free = [("this machine", _free_cpu_bytes())]
+    if dev.type == "cuda":
+        free.append((str(dev), torch.cuda.mem_get_info(dev)[0]))
+    for where, available in free:
+        if available is not None and nbytes > available:
+            raise UserError(
+                f"batch size {batch_size} needs {format_bytes(nbytes)} for the example input "
+                f"alone, more than the {format_bytes(available)} free on {where}; "
+                "use a smaller --batch-size"
+            )
+
+
+def _free_cpu_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _probe(
@@ -363,6 +402,13 @@ def _suggest(name: str, choices: list[str]) -> str:
     """'did you mean X?' for the closest choice, or how many choices there are."""
     close = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=0.6)
     return f"did you mean {close[0]}?" if close else f"none of the {len(choices)} models matches"
+
+
+def _describe(err: BaseException) -> str:
+    """'RuntimeError: boom', one line; a SystemExit says it tried to exit."""
+    if isinstance(err, SystemExit):
+        return f"SystemExit({err.code!r}): it tried to end the program"
+    return f"{type(err).__name__}: {_first_line(err)}"
 
 
 def _first_line(err: BaseException) -> str:

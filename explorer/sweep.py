@@ -1,6 +1,6 @@
 """Sweep budgets from the feasible minimum to the no-recompute peak; keep the Pareto front.
 
-A front is plain data: it saves to JSON (`front.json`, see DESIGN.md) with every point's
+A front is plain data: it saves to JSON (`front.json`, see docs/DESIGN.md) with every point's
 schedule inside, so exporting a point later needs neither the model nor a re-solve.
 """
 

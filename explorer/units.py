@@ -1,4 +1,4 @@
-"""Byte counts for people: parse "4GB", "512MiB" or a fraction; print them short."""
+"""Byte counts for people: parse "4GB", "512MiB" or a fraction such as 0.5; print them short."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import re
 from explorer.errors import UserError
 
 _UNITS = {
-    "": 1,
     "b": 1,
     "kb": 10**3,
     "mb": 10**6,
@@ -19,9 +18,16 @@ _UNITS = {
     "tib": 2**40,
 }
 
+BUDGET_FORMS = "use a size with a unit (4GB, 512MiB, 300000B) or a fraction such as 0.5"
+
 
 def parse_budget(text: str | int | float, baseline_bytes: int, fixed_bytes: int = 0) -> int:
-    """Bytes from "4GB", "512MiB", "123456", or a fraction such as 0.5.
+    """Bytes from a size with a unit ("4GB", "512MiB", "300000B") or a fraction ("0.5").
+
+    Text must say which it is: a size carries a unit (B for plain bytes), a fraction is a
+    number in (0, 1] written with a decimal point. A bare whole number such as "1" could mean
+    one byte or the whole no-recompute peak, so it is refused with both spellings offered.
+    From Python, an int is bytes and a float is a fraction.
 
     A fraction is of the memory recomputation can act on: `fixed_bytes` (parameters, buffers,
     inputs and parameter gradients, which every schedule holds at the end of the backward)
@@ -35,22 +41,29 @@ def parse_budget(text: str | int | float, baseline_bytes: int, fixed_bytes: int 
     if isinstance(text, float):
         return _fraction(text, baseline_bytes, fixed_bytes)
     raw = str(text).strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", raw)
+    match = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)", raw)
     if not match:
-        raise UserError(f"budget {raw!r} is not a size: use e.g. 4GB, 512MiB or a fraction 0.5")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    if unit == "" and "." in match.group(1):
-        return _fraction(number, baseline_bytes, fixed_bytes)
+        raise UserError(f"budget {raw!r} is not a size: {BUDGET_FORMS}")
+    digits, unit = match.group(1), match.group(2).lower()
+    if unit == "" and "." in digits:
+        return _fraction(float(digits), baseline_bytes, fixed_bytes)
+    if unit == "":
+        raise UserError(
+            f"budget {raw!r} is ambiguous: write {raw}B for bytes, or a fraction "
+            "with a decimal point (1.0 is the no-recompute peak, 0.5 half the activations)"
+        )
     if unit not in _UNITS:
         raise UserError(
             f"budget {raw!r}: unknown unit {match.group(2)!r} (use B, MB, MiB, GB, GiB)"
         )
-    return _positive(int(number * _UNITS[unit]), raw)
+    return _positive(int(float(digits) * _UNITS[unit]), raw)
 
 
 def _fraction(value: float, baseline_bytes: int, fixed_bytes: int) -> int:
     if not 0 < value <= 1:
-        raise UserError(f"budget fraction {value} must be in (0, 1]")
+        raise UserError(
+            f"budget fraction {value} must be in (0, 1]; a size needs a unit, e.g. {value}GB"
+        )
     return int(fixed_bytes + value * max(baseline_bytes - fixed_bytes, 0))
 
 

@@ -1,4 +1,5 @@
-"""Shared test settings: one CPU thread (stable, and fair on a 2-core machine)."""
+"""Shared test settings: one CPU thread (stable, and fair on a 2-core machine), GPU tests
+skipped without CUDA, and tests marked `slow` run after all the others."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ def _one_thread():
 
 
 def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests without CUDA; move `slow` tests to the end, keeping each group's
+    order (a stable sort), so a failure in a quick test shows before the long models run."""
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+    items.sort(key=lambda item: "slow" in item.keywords)

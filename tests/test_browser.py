@@ -1,14 +1,15 @@
 """`remat-explorer app` in a real headless Chromium: profile, sweep, slide, export, verify.
 
-Needs Debian's chromium and the playwright package. Without them the test is skipped on a
-developer's machine, but fails in CI (where CI is set and both are installed), so a broken
-install cannot pass as a skip.
+Needs chromium (or chromium-browser) on the PATH and the playwright package. Without them the
+test is skipped on a developer's machine, but fails in CI (where CI is set and both are
+installed), so a broken install cannot pass as a skip.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,11 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from apps.launch import stop
+from remat_explorer.apps.launch import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "tests" / "output"
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = next(
+    (path for path in map(shutil.which, ("chromium", "chromium-browser")) if path),
+    "/usr/bin/chromium",
+)
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

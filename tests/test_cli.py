@@ -1,22 +1,45 @@
-"""The command line, as DESIGN.md's contract states it, and its answers to bad input."""
+"""The command line, as docs/DESIGN.md's contract states it, and its answers to bad input.
+
+Each test of bad input also checks that nothing was written (docs/RELIABILITY.md lists them).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from explorer.cli import main
+from explorer.errors import UserError
+from explorer.units import parse_budget
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    """This checkout first on the path, whatever the current folder (tests run some in tmp)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def cli(
+    *args: str, cwd: Path | None = None, umask: int | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "explorer.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env=_env(),
         timeout=900,
+        preexec_fn=None if umask is None else (lambda: os.umask(umask)),
     )
 
 
@@ -189,3 +212,236 @@ def test_bad_budget_text(swept, tmp_path):
 
 def test_usage_error_is_one_line():
     assert_one_line_error(cli("sweep", "--model", "resnet18"), "required")
+
+
+# ---------------------------------------------------------------- files and errors (issue 9)
+# In-process through main() where the process boundary does not matter (starting Python and
+# torch costs seconds per call on a busy 2-core machine); subprocesses for Ctrl+C and pipes.
+
+
+def run(capsys, *args: str) -> tuple[int, list[str]]:
+    """main(args) in this process: its exit code and its non-empty stderr lines."""
+    code = main(list(args))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    return code, err
+
+
+def assert_refused(capsys, args: list[str], *fragments: str) -> None:
+    code, err = run(capsys, *args)
+    assert code == 2 and len(err) == 1, err
+    assert "Traceback" not in err[0] and "internal error" not in err[0]
+    for fragment in fragments:
+        assert fragment in err[0], err[0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A front of sample:tiny_cnn (a second to make): for the tests that only need a front."""
+    out = tmp_path_factory.mktemp("tiny")
+    args = ["sweep", "--model", "sample:tiny_cnn", "--batch-size", "8", "--input-size", "32"]
+    assert main([*args, "--points", "4", "--out", str(out)]) == 0
+    return out / "front.json"
+
+
+def export_args(front: Path, out: Path, *extra: str, budget: str = "1.0") -> list[str]:
+    return ["export", "--front", str(front), "--budget", budget, "--out", str(out), *extra]
+
+
+def test_export_replaces_only_a_schedule_unless_forced(capsys, tiny, tmp_path):
+    # catches: export silently replacing a user's own .py (it did: `--out train.py`)
+    script = tmp_path / "train.py"
+    script.write_text("print('my training loop')\n")
+    assert_refused(capsys, export_args(tiny, script), "not a schedule", "--force")
+    assert script.read_text() == "print('my training loop')\n"
+    assert run(capsys, *export_args(tiny, script, "--force"))[0] == 0
+    assert "def wrap(" in script.read_text()
+    # a schedule it wrote itself may be replaced: exporting again is the normal workflow
+    assert run(capsys, *export_args(tiny, script, budget="0.95"))[0] == 0
+
+
+@pytest.mark.parametrize("name", ["torch", "sys", "numpy", "json"])
+def test_export_refuses_a_name_that_shadows_a_module(capsys, tiny, tmp_path, name):
+    # catches: dropping the stdlib / ecosystem name check (a torch.py beside a training
+    # script breaks `import torch`, and with it remat-explorer itself)
+    target = tmp_path / f"{name}.py"
+    assert_refused(capsys, export_args(tiny, target), f"import {name}")
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_follow_the_umask(capsys, tmp_path, tiny, umask):
+    # catches: files left with mkstemp's 0600 (unreadable for a group that shares a run)
+    target, out = tmp_path / "follows.py", tmp_path / "run"
+    previous = os.umask(umask)
+    try:
+        assert run(capsys, *export_args(tiny, target))[0] == 0
+        profile = ["profile", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(out)]
+        assert run(capsys, *profile)[0] == 0
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((out / "profile.json").stat().st_mode) == 0o666 & ~umask
+
+
+FACTORIES = """
+import sys
+
+def raises():
+    raise RuntimeError("factory bug")
+
+exits = sys.exit
+"""
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("remat_cli_factories:raises", "raised RuntimeError: factory bug"),
+        ("sys:exit", "SystemExit"),  # it exited 0, having done nothing
+        ("remat_cli_factories:exits", "SystemExit"),
+        ("no_such_module_here:f", "cannot import"),
+    ],
+)
+def test_a_factory_that_fails_is_bad_input(capsys, monkeypatch, tmp_path, spec, expected):
+    # catches: the factory's exception or SystemExit escaping as exit 3 or exit 0
+    (tmp_path / "remat_cli_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    assert_refused(
+        capsys, ["profile", "--model", spec, "--batch-size", "2", "--out", str(out)], expected
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [("1e9", "whole number"), ("0", "at least 1"), ("-3", "at least 1"),
+     ("1000000000000", "needs")],
+)  # fmt: skip
+def test_a_batch_size_that_is_not_a_count_or_cannot_be_allocated(capsys, tmp_path, batch, expected):
+    # catches: `--batch-size 1e9` and batches too large to allocate ending as internal errors
+    out = tmp_path / "out"
+    args = ["profile", "--model", "sample:tiny_mlp", "--batch-size", batch, "--out", str(out)]
+    assert_refused(capsys, args, expected)
+    assert not out.exists()
+
+
+def test_an_out_folder_that_is_a_file_is_refused_before_any_work(capsys, tmp_path, tiny):
+    # catches: mkdir's FileExistsError / NotADirectoryError surfacing as an internal error
+    a_file = tmp_path / "results"
+    a_file.write_text("not a folder")
+    for out in (a_file, a_file / "inside"):
+        # refused before the (unknown) model is even looked up
+        args = ["sweep", "--model", "no_such_model", "--batch-size", "2", "--out", str(out)]
+        assert_refused(capsys, args, "is a file")
+    assert_refused(capsys, export_args(tiny, a_file / "schedule.py"), "is a file")
+    assert a_file.read_text() == "not a folder"
+    a_folder = tmp_path / "d.py"
+    a_folder.mkdir()
+    assert_refused(capsys, export_args(tiny, a_folder), "is a folder")
+
+
+def test_an_out_that_cannot_be_written(capsys, tmp_path, tiny):
+    # catches: PermissionError / OSError from the write surfacing as an internal error
+    assert_refused(capsys, export_args(tiny, Path("/proc/remat_explorer_test.py")), "cannot")
+    if os.geteuid() != 0:  # root may write anywhere: only /proc is read-only for it
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        assert_refused(capsys, export_args(tiny, locked / "schedule.py"), "cannot be written")
+        assert not list(locked.iterdir())
+
+
+@pytest.mark.parametrize("bad", ["folder", "1e400", "NaN", "-Infinity"])
+def test_a_front_that_is_a_folder_or_holds_a_non_finite_number(capsys, tmp_path, tiny, bad):
+    # catches: json's float('inf') / NaN reaching int() (OverflowError: internal error), and
+    # IsADirectoryError from reading a folder
+    if bad == "folder":
+        front = tmp_path
+    else:
+        front = tmp_path / "front.json"
+        text = tiny.read_text()
+        front.write_text(text.replace('"peak_bytes": ', f'"peak_bytes": {bad}, "was": ', 1))
+        assert json.loads(front.read_text())["baseline"]["was"] > 0  # the baseline's peak
+    target = tmp_path / "never.py"
+    assert_refused(capsys, export_args(front, target), "folder" if bad == "folder" else bad)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_time_limit_that_is_not_a_positive_number(capsys, tmp_path, value):
+    # catches: a time limit handed to CBC unchecked (-1 ran for 10 s, 0 and nan ran at all)
+    args = ["sweep", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(tmp_path)]
+    assert_refused(capsys, [*args, f"--time-limit={value}"], "--time-limit")
+    assert not list(tmp_path.iterdir())
+
+
+def test_points_below_two_are_refused_before_any_work(capsys, tmp_path):
+    args = ["sweep", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(tmp_path)]
+    assert_refused(capsys, [*args, "--points", "1"], "at least 2 points")
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.5, 1.5, 3.0])
+def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, delay):
+    # 0.1 and 0.5 s land while Python loads torch, later ones during capture, profile or the
+    # sweep. catches: a handler installed only once the imports are done (a traceback), and
+    # a KeyboardInterrupt that escapes main() (exit -2)
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "explorer.cli", "sweep", "--model", "sample:tiny_cnn",
+         "--batch-size", "8", "--input-size", "32", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip(f"the sweep finished within {delay} s")  # a fast machine
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1:] == ["remat-explorer: interrupted"], stderr
+    assert "Traceback" not in stderr
+    written = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert set(written) <= {"profile.json", "front.json"}, written  # no temporary files
+    for name in written:
+        json.loads((out / name).read_text())  # whole files only
+
+
+def test_a_reader_that_leaves_early_is_not_an_error():
+    # `remat-explorer models | head -1`. catches: BrokenPipeError reported as an internal
+    # error (exit 3), or as "Exception ignored" at exit
+    process = subprocess.Popen(
+        [sys.executable, "-m", "explorer.cli", "models"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+    )  # fmt: skip
+    process.stdout.close()  # the reader is gone before anything is written
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert stderr == ""
+
+
+def test_a_bare_whole_number_budget_is_ambiguous(capsys, tiny, tmp_path):
+    # "1" meant one byte while "1.0" meant no recomputation. catches: reading a bare number
+    # as bytes again
+    target = tmp_path / "one.py"
+    assert_refused(capsys, export_args(tiny, target, budget="1"), "ambiguous", "1B", "1.0")
+    assert not target.exists()
+    assert run(capsys, *export_args(tiny, target, budget="1.0"))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0.5", 600), ("1.0", 1000), (".25", 400), ("2KB", 2000), ("1KiB", 1024),
+     ("1.5 kb", 1500), ("300B", 300), (0.5, 600), (300, 300)],
+)  # fmt: skip
+def test_budget_forms(text, expected):
+    assert parse_budget(text, baseline_bytes=1000, fixed_bytes=200) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1", "ambiguous"), ("4096", "ambiguous"), ("2.0", r"\(0, 1\]"), ("0.0", r"\(0, 1\]"),
+     ("1e9", "not a size"), ("4 parsecs", "unknown unit"), ("0B", "positive"),
+     (float("nan"), r"\(0, 1\]"), (True, "not a size")],
+)  # fmt: skip
+def test_budget_refusals(text, expected):
+    with pytest.raises(UserError, match=expected):
+        parse_budget(text, baseline_bytes=1000, fixed_bytes=200)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from explorer.memory import LiveBytesTracker, measure_step, tensor_bytes
+from explorer.memory import LiveBytesTracker, tensor_bytes
 
 FLOAT = 4
 
@@ -59,15 +59,6 @@ def test_tensors_from_before_entry_are_not_counted() -> None:
         del new
 
 
-def test_reset_peak_starts_from_what_is_alive() -> None:
-    with LiveBytesTracker() as tracker:
-        keep = torch.empty(100)
-        torch.empty(1000)
-        tracker.reset_peak()
-        assert tracker.peak_bytes == 100 * FLOAT
-        del keep
-
-
 def test_numbers_freeze_at_exit() -> None:
     with LiveBytesTracker() as tracker:
         kept = torch.empty(100)
@@ -84,7 +75,6 @@ def test_sees_autograd_backward_and_gradient_accumulation() -> None:
         loss = (x.exp() * 2).sum() + (x * 3).sum()  # x is used twice: the engine adds grads
         saved_by_exp = n * FLOAT
         assert tracker.current_bytes == saved_by_exp + FLOAT
-        tracker.reset_peak()
         loss.backward()
         assert tracker.current_bytes == x.grad.nbytes + FLOAT  # exp's result freed
         assert tracker.peak_bytes >= saved_by_exp + 3 * n * FLOAT
@@ -118,15 +108,6 @@ def test_tensor_bytes_counts_each_storage_once() -> None:
     a = torch.empty(100)
     b = torch.empty(10, dtype=torch.float16)
     assert tensor_bytes([a, a[5:], a.view(10, 10), b]) == 100 * FLOAT + 10 * 2
-
-
-def test_measure_step() -> None:
-    def step() -> None:
-        torch.empty(2000).sum()
-
-    measurement = measure_step(step, "cpu")
-    assert measurement.peak_bytes == 2000 * FLOAT + FLOAT
-    assert measurement.seconds > 0
 
 
 def test_compiled_code_is_measured_running_compiled() -> None:

@@ -107,6 +107,21 @@ def test_bad_sizes_are_user_errors(spec: str, batch: int, size: int | None, expe
         build(spec, batch, size)
 
 
+def test_a_module_that_fails_on_import_is_a_user_error(tmp_path, monkeypatch) -> None:
+    # catches: importing the factory's module with only ImportError caught
+    (tmp_path / "remat_test_broken.py").write_text("raise ValueError('half-written module')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match="raised ValueError: half-written module"):
+        build("remat_test_broken:anything", 2)
+
+
+def test_a_batch_larger_than_memory_is_refused_before_allocating() -> None:
+    # 10**12 samples of 64 floats: 256 TB. catches: dropping the free-memory check, which
+    # leaves either a RuntimeError from the allocator or the out-of-memory killer
+    with pytest.raises(UserError, match="batch size 1000000000000 needs .* free on this machine"):
+        build("sample:tiny_mlp", 10**12)
+
+
 def test_bad_device_is_a_user_error() -> None:
     with pytest.raises(UserError, match="device"):
         build("sample:tiny_mlp", 2, device="tpu:banana")
@@ -128,6 +143,12 @@ def needs_args(width):
 
 def not_a_model():
     return 42
+
+def raises():
+    raise RuntimeError("boom")
+
+def exits():
+    raise SystemExit(0)
 """
 
 
@@ -164,6 +185,10 @@ def test_factory_spec_with_own_inputs(factory_module: str) -> None:
         ("needs_args", "needs arguments"),
         ("not_a_model", "returned int"),
         ("missing", "no callable"),
+        # catches: calling the factory outside a try (an internal error, exit 3)
+        ("raises", "raised RuntimeError: boom"),
+        # catches: catching Exception only (SystemExit(0) would end `remat-explorer` with 0)
+        ("exits", r"raised SystemExit\(0\)"),
     ],
 )
 def test_bad_factory_is_a_user_error(factory_module: str, factory: str, expected: str) -> None:
@@ -182,10 +207,3 @@ def test_same_seed_same_model_and_inputs(spec: str, size: int | None) -> None:
     assert len(first.example_inputs) == len(second.example_inputs) == 1
     assert torch.equal(first.example_inputs[0], second.example_inputs[0])
     assert not torch.equal(first.example_inputs[0], other.example_inputs[0])
-
-
-def test_model_spec_round_trip() -> None:
-    spec = ModelSpec("sample:gpt", 4, 64)
-    assert ModelSpec.from_dict(spec.to_dict()) == spec
-    with pytest.raises(UserError, match="malformed model spec"):
-        ModelSpec.from_dict({"name": "resnet18", "batch_size": "8", "input_size": None})

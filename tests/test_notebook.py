@@ -8,7 +8,13 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from apps.launch import ENV_BATCH_SIZE, ENV_EXPORT_DIR, ENV_INPUT_SIZE, ENV_MODEL, NOTEBOOK
+from remat_explorer.apps.launch import (
+    ENV_BATCH_SIZE,
+    ENV_EXPORT_DIR,
+    ENV_INPUT_SIZE,
+    ENV_MODEL,
+    NOTEBOOK,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

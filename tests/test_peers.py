@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from copy import deepcopy
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 from explorer import peers
 from explorer.errors import Cancelled
+from explorer.memory import LiveBytesTracker, tensor_bytes
 from explorer.progress import CancelToken
 
 CHECKPOINTS = ("checkpoint per block", "checkpoint_sequential")
@@ -61,6 +63,18 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def _eager_peak(model: nn.Module, inputs: tuple) -> int:
+    """The whole-step peak of the unmodified model, measured here on a copy: parameters,
+    buffers and inputs, plus the most bytes its training step has alive at once (the output
+    held by the caller through the backward, as a training loop holds it)."""
+    copy = deepcopy(model).train()
+    static = tensor_bytes([*copy.parameters(), *copy.buffers(), *inputs])
+    with LiveBytesTracker() as tracker:
+        output = copy(*inputs)
+        output.float().sum().backward()
+    return static + tracker.peak_bytes
+
+
 def _by_name(points: list[peers.PeerPoint]) -> dict[str, peers.PeerPoint]:
     return {p.name: p for p in points}
 
@@ -73,11 +87,17 @@ def test_checkpointing_lowers_the_peak_and_leaves_the_model_alone(make) -> None:
     points = _by_name(peers.measure(model, inputs, repeats=1))
 
     assert set(points) == {"eager", *CHECKPOINTS}
-    assert points["eager"].overhead == 0.0
+    eager = points["eager"]
+    # catches: a peak without the static bytes, or one taken from another variant's step
+    assert eager.peak_bytes == _eager_peak(model, inputs)
+    assert eager.step_seconds > 0
     for name in CHECKPOINTS:
         assert points[name].measured
-        assert points[name].peak_bytes < points["eager"].peak_bytes
+        assert points[name].peak_bytes < eager.peak_bytes
         assert points[name].step_seconds > 0
+        # catches: an overhead measured against anything but eager's median step time
+        expected = points[name].step_seconds / eager.step_seconds - 1
+        assert points[name].overhead == pytest.approx(expected, rel=1e-12)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in model.parameters())

@@ -7,14 +7,17 @@ in time fails the test rather than hanging it.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from explorer import Planner
+import explorer
+from explorer import Planner, UserError
 from explorer.models import build
-from sample_models.tiny import mlp
-from widgets import (
+from explorer.verify import VerifyReport, VerifyRow
+from remat_explorer.widgets import (
     BudgetSlider,
     Choice,
     Dashboard,
@@ -23,8 +26,11 @@ from widgets import (
     TimelinePlot,
     VerifyPanel,
 )
-from widgets.model_picker import ModelPicker
-from widgets.units import mib
+from remat_explorer.widgets.export import module_file_name
+from remat_explorer.widgets.model_picker import ModelPicker
+from remat_explorer.widgets.status import StatusLine
+from remat_explorer.widgets.units import mib
+from sample_models.tiny import cnn
 
 SPEC = "sample:tiny_cnn"
 JOB_TIMEOUT_S = 300
@@ -127,12 +133,29 @@ def test_slider_snaps_to_points_and_moves_highlight_timeline_and_export(
         budget_line = swept.timeline.figure.data[TIMELINE_BUDGET].y
         assert list(budget_line) == pytest.approx([mib(point.budget_bytes)] * 2)
         assert swept.export_panel.schedule is choice.schedule
-        assert f"{round(mib(choice.peak_bytes)) or 1}MiB" in swept.export_panel.file_name.value
+        name = re.fullmatch(r"tiny_cnn_(\d+)p(\d+)MiB\.py", swept.export_panel.file_name.value)
+        assert name, swept.export_panel.file_name.value  # three digits: 8p47MiB, 10p5MiB
+        shown = float(f"{name[1]}.{name[2]}")
+        assert shown == pytest.approx(mib(choice.peak_bytes), rel=5e-3)
     assert swept.status.kind == "ok", swept.status.text
 
 
 def _never_called(*args, **kwargs):
     raise AssertionError("moving the slider must not solve")
+
+
+def assert_verified(status: StatusLine, report, table: str) -> None:
+    """The schedule passed verify, and the table and the status line say so.
+
+    Catches: a schedule that trains differently (report.ok false), a table that shows a
+    failed row as ok, and a status that says "verified" for a failure ("NOT verified"
+    contains "verified", so the kind and the absence of NOT are checked).
+    """
+    assert report is not None, status.text
+    assert report.ok, [row for row in report.rows if not row.ok]
+    assert table.count("<tr>") == len(report.rows) + 1
+    assert "NOT" not in table and "verified: equal and within budget" in table
+    assert status.kind == "ok" and status.text.endswith(": verified"), status.text
 
 
 def test_export_writes_the_module_and_verify_shows_its_report(swept: Dashboard) -> None:
@@ -146,12 +169,50 @@ def test_export_writes_the_module_and_verify_shows_its_report(swept: Dashboard) 
     assert swept.verify_panel.path.value == str(path.resolve())
     swept.verify_panel.verify_button.click()
     finish(swept)
-    report, table = swept.verify_panel.report, swept.verify_panel.table.value
-    assert report is not None, swept.status.text
-    assert table.count("<tr>") == len(report.rows) + 1
-    assert table.count("NOT OK") == sum(not row.ok for row in report.rows)
-    assert ("NOT verified" in table) == (not report.ok)
-    assert swept.status.kind == ("ok" if report.ok else "error")
+    assert_verified(swept.status, swept.verify_panel.report, swept.verify_panel.table.value)
+
+
+def test_a_failed_row_shows_as_not_verified(tmp_path, monkeypatch) -> None:
+    # catches: a table or status line that reads "verified" whatever the report says
+    rows = [VerifyRow("outputs", "bitwise equal", "equal", True), VerifyRow("peak", 9, 5, False)]
+    monkeypatch.setattr(explorer, "verify", lambda *_, **__: VerifyReport("x.py", False, rows))
+    panel = VerifyPanel(tmp_path / "made_up.py")
+    panel.verify_button.click()
+    assert panel.runner.wait(JOB_TIMEOUT_S)
+    assert panel.table.value.count("NOT OK") == 1 and "NOT verified" in panel.table.value
+    assert panel.runner.status.kind == "error" and "NOT verified" in panel.runner.status.text
+
+
+def test_neighbouring_points_export_to_different_files(swept: Dashboard) -> None:
+    # 2.77 and 3.02 MiB both used to become model_3MiB.py, the second replacing the first.
+    # catches: a suggested name that rounds the peak coarsely or ignores the files there
+    assert module_file_name("m", int(2.77 * 2**20)) != module_file_name("m", int(3.02 * 2**20))
+    written = []
+    for index in (1, 0):  # the slider may stand on 0 already: move it first
+        swept.budget.slider.value = index
+        name = swept.export_panel.file_name.value
+        assert not (swept.export_panel.directory / name).exists(), name
+        swept.export_panel.export_button.click()
+        assert swept.status.kind == "ok", swept.status.text
+        written.append(swept.export_panel.directory / name)
+    assert written[0] != written[1] and all(path.is_file() for path in written)
+    swept.budget.slider.value = 1  # the same point again: a new name, not the old file
+    assert swept.export_panel.file_name.value != written[0].name
+
+
+def test_export_never_replaces_an_existing_file(swept: Dashboard) -> None:
+    # catches: the dashboard's Export replacing a file of the chosen name, even an earlier
+    # schedule (which `write_module` alone would replace, as the CLI does)
+    swept.budget.slider.value = 1
+    swept.budget.slider.value = 0
+    earlier = swept.export_panel.export()
+    assert earlier is not None, swept.status.text
+    content = earlier.read_text()
+    swept.budget.slider.value = 1
+    swept.export_panel.file_name.value = earlier.name
+    swept.export_panel.export_button.click()
+    assert swept.status.kind == "error" and "exists" in swept.status.text
+    assert earlier.read_text() == content
 
 
 def test_solve_this_budget_adds_a_point_between_two(tmp_path) -> None:
@@ -160,7 +221,7 @@ def test_solve_this_budget_adds_a_point_between_two(tmp_path) -> None:
     finish(dashboard)
     low, high = dashboard.front.points[0], dashboard.front.points[-1]
     between = (low.predicted_peak_bytes + high.predicted_peak_bytes) // 2
-    dashboard.budget.budget_text.value = str(between)
+    dashboard.budget.budget_text.value = f"{between}B"
     dashboard.budget.solve_button.click()
     finish(dashboard)
     assert dashboard.status.kind == "ok", dashboard.status.text
@@ -236,13 +297,47 @@ def test_changing_the_model_starts_over(tmp_path) -> None:
     assert dashboard.export_panel.export_button.disabled
 
 
-def test_dashboard_plans_a_users_own_module(tmp_path) -> None:
-    dashboard = Dashboard(mlp(), torch.randn(16, 64), points=3, peers=False, export_dir=tmp_path)
+def test_dashboard_plans_exports_and_verifies_a_users_own_module(tmp_path) -> None:
+    # catches: Verify rebuilding the model from a SPEC it does not have (it failed with "made
+    # for a model without a SPEC"), or verifying against anything but this model and input
+    dashboard = Dashboard(
+        cnn(), torch.randn(8, 3, 32, 32), points=4, peers=False, export_dir=tmp_path
+    )
     assert dashboard.picker.spec.disabled
     dashboard.sweep_button.click()
     finish(dashboard)
     assert dashboard.status.kind == "ok", dashboard.status.text
-    assert len(dashboard.pareto.figure.data[FRONT].x) == len(dashboard.front.points) >= 1
+    assert len(dashboard.pareto.figure.data[FRONT].x) == len(dashboard.front.points) >= 2
+    dashboard.budget.slider.value = 0  # the lowest peak: the most recomputation
+    assert dashboard.budget.selected.recomputed, "the lowest point recomputes something"
+    dashboard.export_panel.export_button.click()
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    path = Path(dashboard.verify_panel.path.value)
+    assert path.parent == tmp_path.resolve() and path.is_file()
+    dashboard.verify_panel.verify_button.click()
+    finish(dashboard)
+    report = dashboard.verify_panel.report
+    assert_verified(dashboard.status, report, dashboard.verify_panel.table.value)
+    assert [row.quantity for row in report.rows][:3] == [
+        "outputs", "parameter gradients", "buffers (BatchNorm statistics)"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 2.5])
+def test_picker_refuses_a_batch_size_below_one(batch_size) -> None:
+    # catches: a bounded box that silently turns 0 or -3 into 1
+    with pytest.raises(UserError, match="batch size"):
+        ModelPicker(SPEC, batch_size=batch_size)
+
+
+def test_a_huge_batch_is_kept_and_refused_when_built(tmp_path) -> None:
+    # catches: a bounded box that silently turns 2000000000 into its maximum
+    dashboard = new_dashboard(tmp_path, batch_size=2_000_000_000)
+    assert dashboard.picker.batch_size.value == 2_000_000_000
+    dashboard.profile_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "error"
+    assert "batch size 2000000000 needs" in dashboard.status.text
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +371,7 @@ def test_parts_work_alone_wired_to_a_planner_and_front(planned, tmp_path) -> Non
     panel = VerifyPanel(path)
     panel.verify()
     assert panel.runner.wait(JOB_TIMEOUT_S)
-    assert panel.report is not None and "verified" in panel.runner.status.text
+    assert_verified(panel.runner.status, panel.report, panel.table.value)
 
 
 def test_choice_hover_names_what_is_recomputed() -> None:

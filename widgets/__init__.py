@@ -5,16 +5,16 @@ or a `Front`: `ParetoPlot(front)`, `BudgetSlider(front, planner)`, `TimelinePlot
 `ExportPanel(schedule)`, `VerifyPanel(path)`.
 """
 
-from widgets.budget import BudgetSlider
-from widgets.choice import Choice
-from widgets.dashboard import Dashboard
-from widgets.export import ExportPanel
-from widgets.model_picker import ModelPicker
-from widgets.pareto import ParetoPlot
-from widgets.status import StatusLine
-from widgets.tasks import TaskRunner
-from widgets.timeline import TimelinePlot
-from widgets.verify import VerifyPanel
+from remat_explorer.widgets.budget import BudgetSlider
+from remat_explorer.widgets.choice import Choice
+from remat_explorer.widgets.dashboard import Dashboard
+from remat_explorer.widgets.export import ExportPanel
+from remat_explorer.widgets.model_picker import ModelPicker
+from remat_explorer.widgets.pareto import ParetoPlot
+from remat_explorer.widgets.status import StatusLine
+from remat_explorer.widgets.tasks import TaskRunner
+from remat_explorer.widgets.timeline import TimelinePlot
+from remat_explorer.widgets.verify import VerifyPanel
 
 __all__ = [
     "BudgetSlider",

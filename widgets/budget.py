@@ -8,9 +8,9 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from widgets.choice import Choice
-from widgets.tasks import TaskRunner
-from widgets.units import format_bytes
+from remat_explorer.widgets.choice import Choice
+from remat_explorer.widgets.tasks import TaskRunner
+from remat_explorer.widgets.units import format_bytes
 
 NO_POINTS = [("no points yet", -1)]
 

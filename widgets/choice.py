@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from widgets.units import format_bytes, format_overhead
+from remat_explorer.widgets.units import format_bytes, format_overhead
 
 if TYPE_CHECKING:
     from explorer import Schedule

@@ -10,16 +10,16 @@ from typing import Any
 import ipywidgets as ipw
 
 from explorer import CancelToken, Planner, UserError, peers
-from widgets.budget import BudgetSlider
-from widgets.choice import Choice
-from widgets.export import ExportPanel, module_file_name
-from widgets.model_picker import ModelPicker
-from widgets.pareto import ParetoPlot
-from widgets.status import StatusLine
-from widgets.tasks import ProgressFn, TaskRunner
-from widgets.timeline import TimelinePlot
-from widgets.units import format_bytes
-from widgets.verify import VerifyPanel
+from remat_explorer.widgets.budget import BudgetSlider
+from remat_explorer.widgets.choice import Choice
+from remat_explorer.widgets.export import ExportPanel, module_file_name
+from remat_explorer.widgets.model_picker import ModelPicker
+from remat_explorer.widgets.pareto import ParetoPlot
+from remat_explorer.widgets.status import StatusLine
+from remat_explorer.widgets.tasks import ProgressFn, TaskRunner
+from remat_explorer.widgets.timeline import TimelinePlot
+from remat_explorer.widgets.units import format_bytes
+from remat_explorer.widgets.verify import VerifyPanel
 
 
 class Dashboard(ipw.VBox):
@@ -76,7 +76,8 @@ class Dashboard(ipw.VBox):
         self.budget = BudgetSlider(runner=self.runner)
         self.timeline = TimelinePlot()
         self.export_panel = ExportPanel(directory=export_dir, status=self.status)
-        self.verify_panel = VerifyPanel(runner=self.runner)
+        # your own model has no SPEC to rebuild it from: verify against it and its inputs
+        self.verify_panel = VerifyPanel(runner=self.runner, against=self._own_model)
 
         self.profile_button.on_click(self.status.guard(lambda _: self.profile()))
         self.sweep_button.on_click(self.status.guard(lambda _: self.sweep()))
@@ -193,7 +194,8 @@ class Dashboard(ipw.VBox):
             raise UserError("this point has no schedule; solve its budget to use it")
         self.timeline.show(choice.schedule)
         name = self.picker.spec.value if self._own_model is None else "model"
-        self.export_panel.set_schedule(choice.schedule, module_file_name(name, choice.peak_bytes))
+        file_name = module_file_name(name, choice.peak_bytes, self.export_panel.directory)
+        self.export_panel.set_schedule(choice.schedule, file_name)
 
     def _current_key(self) -> tuple:
         return ("own",) if self._own_model is not None else self.picker.settings()

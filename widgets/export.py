@@ -11,18 +11,37 @@ from typing import Any
 import ipywidgets as ipw
 
 from explorer import UserError
-from widgets.status import StatusLine
-from widgets.units import MIB
+from remat_explorer.widgets.status import StatusLine
 
 Listener = Callable[[Path], None]
 
 
-def module_file_name(model_name: str, peak_bytes: int) -> str:
-    """'sample:tiny_cnn' at 2.3 MiB -> 'tiny_cnn_2MiB.py': a name `import` accepts."""
+def module_file_name(model_name: str, peak_bytes: int, directory: str | Path = ".") -> str:
+    """'sample:tiny_cnn' at 2.77 MiB -> 'tiny_cnn_2p77MiB.py': a name `import` accepts.
+
+    The peak has three significant digits, so neighbouring points get different names; a
+    name already taken in `directory` gets a counter (`_2`, `_3`, ...).
+    """
     stem = re.sub(r"\W+", "_", model_name.split(":")[-1]).strip("_") or "model"
     if stem[0].isdigit():
         stem = f"m_{stem}"
-    return f"{stem}_{max(round(peak_bytes / MIB), 1)}MiB.py"
+    base = f"{stem}_{_peak_label(peak_bytes)}"
+    name, count = f"{base}.py", 1
+    while (Path(directory) / name).exists():
+        count += 1
+        name = f"{base}_{count}.py"
+    return name
+
+
+def _peak_label(peak_bytes: int) -> str:
+    """Three significant digits and a binary unit, '.' written 'p': 2.77 MiB -> '2p77MiB'."""
+    value, unit = float(peak_bytes), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    digits = 0 if value >= 100 else 1 if value >= 10 else 2
+    return f"{value:.{digits}f}".replace(".", "p") + unit
 
 
 class ExportPanel(ipw.VBox):
@@ -93,4 +112,6 @@ class ExportPanel(ipw.VBox):
         path = Path(name).expanduser()
         if not path.is_absolute():
             path = self.directory / path
+        if path.exists():  # a page has no "are you sure?": never replace a file from here
+            raise UserError(f"{path.name} exists in {path.parent}: choose another file name")
         return Path(self.schedule.export(path.resolve())).resolve()

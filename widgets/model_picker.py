@@ -35,8 +35,10 @@ class ModelPicker(ipw.HBox):
             description="model",
             ensure_option=False,
         )
-        self.batch_size = ipw.BoundedIntText(
-            value=batch_size, min=1, max=1_000_000, description="batch", layout={"width": "140px"}
+        _check_batch_size(batch_size)
+        # not a BoundedIntText: it would silently replace 0 or a large batch by its bounds
+        self.batch_size = ipw.IntText(
+            value=batch_size, description="batch", layout={"width": "140px"}
         )
         self.input_size = ipw.Text(
             value="" if input_size is None else str(input_size),
@@ -61,6 +63,7 @@ class ModelPicker(ipw.HBox):
         size_text = self.input_size.value.strip()
         if size_text and not (size_text.isdigit() and int(size_text) > 0):
             raise UserError(f"input size must be a positive whole number, not {size_text!r}")
+        _check_batch_size(self.batch_size.value)
         return spec, self.batch_size.value, int(size_text) if size_text else None, self.device.value
 
     def build(self) -> models.Built:
@@ -74,3 +77,9 @@ class ModelPicker(ipw.HBox):
         self.spec.disabled = True
         for field in (self.batch_size, self.input_size, self.device):
             field.layout.display = "none"
+
+
+def _check_batch_size(batch_size: object) -> None:
+    """A batch is a whole number of at least 1; whether it fits is for `models.build`."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"batch size must be a whole number of at least 1, not {batch_size!r}")

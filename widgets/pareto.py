@@ -9,9 +9,9 @@ from typing import Any
 import ipywidgets as ipw
 import plotly.graph_objects as go
 
-from widgets.choice import Choice
-from widgets.plotstyle import PLOT_FRAME
-from widgets.units import format_bytes, format_overhead, mib
+from remat_explorer.widgets.choice import Choice
+from remat_explorer.widgets.plotstyle import PLOT_FRAME
+from remat_explorer.widgets.units import format_bytes, format_overhead, mib
 
 PEER_SYMBOLS = ("diamond", "square", "triangle-up", "cross", "star", "x")
 FRONT, ON_DEMAND, BASELINE, SELECTED = range(4)

@@ -21,7 +21,7 @@ import ipywidgets as ipw
 import traitlets
 
 from explorer import Cancelled, CancelToken, UserError
-from widgets.status import StatusLine
+from remat_explorer.widgets.status import StatusLine
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Any
 import ipywidgets as ipw
 import plotly.graph_objects as go
 
-from widgets.plotstyle import PLOT_FRAME
-from widgets.units import format_bytes, mib
+from remat_explorer.widgets.plotstyle import PLOT_FRAME
+from remat_explorer.widgets.units import format_bytes, mib
 
 BASELINE, SCHEDULE, BUDGET = range(3)
 TITLE = "memory timeline"

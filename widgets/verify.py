@@ -9,8 +9,8 @@ from typing import Any
 import ipywidgets as ipw
 
 import explorer
-from widgets.tasks import TaskRunner
-from widgets.units import format_bytes
+from remat_explorer.widgets.tasks import TaskRunner
+from remat_explorer.widgets.units import format_bytes
 
 NOT_OK = '<b style="color:#b42318">NOT OK</b>'
 CELL = "padding:2px 10px;border-bottom:1px solid #ddd;text-align:left"
@@ -53,6 +53,8 @@ class VerifyPanel(ipw.VBox):
 
     Verifying runs a training step twice (exported and unmodified), so it runs in the
     background like a sweep; `explorer.verify` does the work, this only shows the rows.
+    The unmodified model is rebuilt from the SPEC the file records, or, with
+    `against=(model, example_inputs)`, is that model (needed for a model without a SPEC).
     """
 
     def __init__(
@@ -60,8 +62,10 @@ class VerifyPanel(ipw.VBox):
         path: str | Path | None = None,
         device: str | None = None,
         runner: TaskRunner | None = None,
+        against: tuple[Any, tuple] | None = None,
     ) -> None:
         self.device = device
+        self.against = against
         self.report: Any = None
         self.runner = runner or TaskRunner()
         self.path = ipw.Text(
@@ -92,7 +96,13 @@ class VerifyPanel(ipw.VBox):
         if not path:
             self.runner.status.error("export a schedule (or type a module's path) first")
             return
-        device = self.device
+        device, against = self.device, self.against
+
+        def run(progress: Any, cancel: Any) -> Any:
+            if against is None:
+                return explorer.verify(path, device=device)
+            model, inputs = against
+            return explorer.verify(path, model=model, example_inputs=inputs)
 
         def done(report: Any) -> None:
             self.report = report
@@ -102,12 +112,7 @@ class VerifyPanel(ipw.VBox):
             else:
                 self.runner.status.error(f"{Path(path).name}: NOT verified, see the table")
 
-        self.runner.start(
-            "verify",
-            lambda progress, cancel: explorer.verify(path, device=device),
-            done,
-            cancellable=False,
-        )
+        self.runner.start("verify", run, done, cancellable=False)
 
     def _enable(self) -> None:
         self.verify_button.disabled = self.runner.busy

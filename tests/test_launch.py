@@ -1,0 +1,46 @@
+"""`remat-explorer app`'s launcher: what it refuses before Voila starts, what it hands on."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from explorer.cli import main
+from explorer.errors import UserError
+from remat_explorer.apps import launch
+
+
+@pytest.fixture
+def no_voila(monkeypatch):
+    """Starting Voila would be a failure here: every case must be refused before."""
+
+    def popen(*args, **kwargs):
+        raise AssertionError("Voila was started")
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+
+
+@pytest.mark.parametrize(("batch", "size"), [(0, None), (-3, None), (8, 0), (8, -1)])
+def test_serve_refuses_sizes_below_one(no_voila, batch, size):
+    # catches: `batch_size or DEFAULT` turning 0 into 8, and -3 passed on to the page
+    with pytest.raises(UserError, match="at least 1"):
+        launch.serve(None, "sample:tiny_cnn", batch, size)
+
+
+@pytest.mark.parametrize("batch", ["0", "-3", "2.5"])
+def test_app_command_refuses_a_bad_batch_size(no_voila, capsys, batch):
+    assert main(["app", "--batch-size", batch]) == 2
+    assert "--batch-size" in capsys.readouterr().err
+
+
+def test_the_page_gets_the_values_asked_for():
+    # catches: a large batch replaced by another value on its way to the dashboard
+    environ = launch.environment("sample:tiny_cnn", 2_000_000, 48, export_dir=".")
+    settings = launch.from_environment(environ)
+    assert (settings["spec"], settings["batch_size"], settings["input_size"]) == (
+        "sample:tiny_cnn", 2_000_000, 48
+    )  # fmt: skip
+    assert launch.from_environment({})["batch_size"] == launch.DEFAULT_BATCH_SIZE
+    with pytest.raises(UserError, match="whole number"):
+        launch.from_environment({launch.ENV_BATCH_SIZE: "lots"})
