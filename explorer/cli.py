@@ -378,7 +378,13 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
 
 
 def _interrupted() -> int:
+    """One line, exit 130. As a program, leave at once: an interrupt that landed inside code
+    torch runs through the interpreter's C API leaves CPython marked as killed by SIGINT, and
+    its normal exit would then end the process by that signal (exit -2) instead of 130."""
     print(INTERRUPTED, file=sys.stderr, flush=True)
+    if _AS_PROGRAM:
+        sys.stdout.flush()
+        os._exit(EXIT_INTERRUPTED)
     return EXIT_INTERRUPTED
 
 

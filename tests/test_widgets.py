@@ -175,7 +175,7 @@ def test_export_writes_the_module_and_verify_shows_its_report(swept: Dashboard) 
 def test_a_failed_row_shows_as_not_verified(tmp_path, monkeypatch) -> None:
     # catches: a table or status line that reads "verified" whatever the report says
     rows = [VerifyRow("outputs", "bitwise equal", "equal", True), VerifyRow("peak", 9, 5, False)]
-    monkeypatch.setattr(explorer, "verify", lambda *_, **__: VerifyReport("x.py", False, rows))
+    monkeypatch.setattr(explorer, "verify", lambda *_, **__: VerifyReport("x.py", rows))
     panel = VerifyPanel(tmp_path / "made_up.py")
     panel.verify_button.click()
     assert panel.runner.wait(JOB_TIMEOUT_S)
@@ -318,9 +318,24 @@ def test_dashboard_plans_exports_and_verifies_a_users_own_module(tmp_path) -> No
     finish(dashboard)
     report = dashboard.verify_panel.report
     assert_verified(dashboard.status, report, dashboard.verify_panel.table.value)
-    assert [row.quantity for row in report.rows][:3] == [
-        "outputs", "parameter gradients", "buffers (BatchNorm statistics)"
+    quantities = [row.quantity for row in report.rows]
+    assert quantities[:4] == [
+        "plan applied as exported", "outputs", "parameter gradients",
+        "buffers (BatchNorm statistics)",
     ]  # fmt: skip
+
+
+def test_precision_plans_the_step_under_autocast(tmp_path) -> None:
+    # catches: the precision control ignored: the schedule would be planned in fp32 and only
+    # carried over when the model trains under autocast
+    dashboard = new_dashboard(tmp_path)
+    dashboard.picker.precision.value = "bf16 autocast"
+    dashboard.profile_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert dashboard.planner.autocast is torch.bfloat16
+    targets = {n.target for g in dashboard.planner.capture() for n in g.nodes}
+    assert "aten._to_copy.default" in targets  # the casts autocast inserts are in the plan
 
 
 @pytest.mark.parametrize("batch_size", [0, -3, 2.5])

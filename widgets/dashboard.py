@@ -198,7 +198,9 @@ class Dashboard(ipw.VBox):
         self.export_panel.set_schedule(choice.schedule, file_name)
 
     def _current_key(self) -> tuple:
-        return ("own",) if self._own_model is not None else self.picker.settings()
+        if self._own_model is not None:
+            return ("own", self.picker.precision.value)
+        return self.picker.settings()
 
     def _planner(self) -> Any:
         """The Planner for the current settings: a new one (and empty plots) when they changed.
@@ -211,10 +213,16 @@ class Dashboard(ipw.VBox):
         if self._own_model is None:
             built = self.picker.build()
             self._target = (built.model, built.example_inputs)
-            self.planner = Planner(built.model, built.example_inputs, spec=built.spec)
+            self.planner = Planner(
+                built.model,
+                built.example_inputs,
+                built.example_kwargs,
+                spec=built.spec,
+                autocast=self.picker.autocast(),
+            )
             self.verify_panel.device = key[3]
         else:
-            self.planner = Planner(*self._own_model)
+            self.planner = Planner(*self._own_model, autocast=self.picker.autocast())
         self._key = key
         self._baseline = None
         self.front = None

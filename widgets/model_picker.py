@@ -1,4 +1,5 @@
-"""Choose what to plan: a model SPEC (searchable), batch size, input size and device."""
+"""Choose what to plan: a model SPEC (searchable), batch size, input size, device and
+precision (fp32, or the step under autocast: a plan of its own)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import torch
 
 from explorer import UserError, models
 
+PRECISIONS = {"fp32": None, "bf16 autocast": torch.bfloat16, "fp16 autocast": torch.float16}
+
 
 def available_devices() -> list[str]:
     """'cuda' first when this machine has one, so the default is the GPU."""
@@ -14,7 +17,7 @@ def available_devices() -> list[str]:
 
 
 class ModelPicker(ipw.HBox):
-    """Model SPEC, batch size, input size and device (class `remat-model`).
+    """Model SPEC, batch size, input size, device and precision (class `remat-model`).
 
     The SPEC box is a combobox over `explorer.models.list_specs()`: typing filters the list.
     An empty input size means the model's own default example input.
@@ -52,11 +55,23 @@ class ModelPicker(ipw.HBox):
             description="device",
             layout={"width": "160px"},
         )
-        super().__init__([self.spec, self.batch_size, self.input_size, self.device])
+        self.precision = ipw.Dropdown(
+            options=list(PRECISIONS),
+            value="fp32",
+            description="precision",
+            layout={"width": "220px"},
+        )
+        fields = [self.spec, self.batch_size, self.input_size, self.device, self.precision]
+        super().__init__(fields)
         self.add_class("remat-model")
 
-    def settings(self) -> tuple[str, int, int | None, str]:
-        """(spec, batch size, input size or None, device), checked enough to build from."""
+    def autocast(self) -> torch.dtype | None:
+        """The autocast dtype to plan under, or None for plain fp32."""
+        return PRECISIONS[self.precision.value]
+
+    def settings(self) -> tuple[str, int, int | None, str, str]:
+        """(spec, batch size, input size or None, device, precision), checked enough to build
+        from."""
         spec = self.spec.value.strip()
         if not spec:
             raise UserError("choose a model first (type in the model box to search)")
@@ -64,15 +79,17 @@ class ModelPicker(ipw.HBox):
         if size_text and not (size_text.isdigit() and int(size_text) > 0):
             raise UserError(f"input size must be a positive whole number, not {size_text!r}")
         _check_batch_size(self.batch_size.value)
-        return spec, self.batch_size.value, int(size_text) if size_text else None, self.device.value
+        size = int(size_text) if size_text else None
+        return spec, self.batch_size.value, size, self.device.value, self.precision.value
 
     def build(self) -> models.Built:
         """Build the chosen model and its example input on the chosen device."""
-        spec, batch_size, input_size, device = self.settings()
+        spec, batch_size, input_size, device, _precision = self.settings()
         return models.build(spec, batch_size, input_size, device=device)
 
     def lock(self, label: str) -> None:
-        """Show a model the caller passed in instead of a choice: its inputs are fixed too."""
+        """Show a model the caller passed in instead of a choice: its inputs are fixed too
+        (the precision stays a choice)."""
         self.spec.value = label
         self.spec.disabled = True
         for field in (self.batch_size, self.input_size, self.device):
