@@ -153,8 +153,13 @@ class RematBackend:
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         compact_dropout(joint)
         graph = describe(joint.graph, num_fwd_outputs, static_lifetime_input_indices)
-        schedule = self.choose(graph)
+        schedule = self._schedule_for(joint, graph, num_fwd_outputs)
         return partition(joint, graph, schedule, num_fwd_outputs)
+
+    def _schedule_for(
+        self, _joint: fx.GraphModule, graph: Graph, _num_fwd_outputs: int
+    ) -> GraphSchedule:
+        return self.choose(graph)
 
     def choose(self, graph: Graph) -> GraphSchedule:
         """The schedule for a newly captured graph (see the module docstring)."""

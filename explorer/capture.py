@@ -25,11 +25,10 @@ from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
 from explorer.errors import UserError
-from explorer.fxgraph import describe
 from explorer.graph import PLACEHOLDER, ROLE_CONSTANT, ROLE_INPUT, ROLE_TANGENT, Graph
-from explorer.partition import partition
+from explorer.modelstate import kept, tensors_in
 from explorer.program import Handoff, baseline_schedule
-from explorer.rewrite import compact_dropout
+from explorer.schedule import GraphSchedule
 
 
 @dataclass
@@ -83,19 +82,11 @@ class _Recorder(RematBackend):
         recording._boxed_call = True  # type: ignore[attr-defined]
         return recording
 
-    def _partition(
-        self,
-        joint: fx.GraphModule,
-        _joint_inputs: Any,
-        *,
-        num_fwd_outputs: int,
-        static_lifetime_input_indices: list[int] | None = None,
-        **_: Any,
-    ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        compact_dropout(joint)
-        graph = describe(joint.graph, num_fwd_outputs, static_lifetime_input_indices)
+    def _schedule_for(
+        self, joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int
+    ) -> GraphSchedule:
         self.captured.append(CapturedGraph(joint, graph, num_fwd_outputs, self._inputs))
-        return partition(joint, graph, baseline_schedule(graph), num_fwd_outputs)
+        return baseline_schedule(graph)
 
 
 def capture(
@@ -113,7 +104,7 @@ def capture(
     """
     recorder = _Recorder()
     call = compile_call(recorder)
-    with _model_state_kept(model, args, kwargs), dynamo_settings(), _autocast(args, autocast):
+    with kept(model, (args, kwargs)), dynamo_settings(), _autocast(args, autocast):
         try:
             result = call(model, *args, **(kwargs or {}))
         except UserError:
@@ -121,7 +112,7 @@ def capture(
         except Exception as exc:  # Dynamo or AOTAutograd could not capture the model
             raise UserError(f"cannot capture the model: {_first_line(exc)}") from exc
     captured, recorder.captured = recorder.captured, []  # the cache entry must not hold them
-    _handoffs(captured, _tensors(args, kwargs), _tensors((result,), None))
+    _handoffs(captured, tensors_in((args, kwargs)), tensors_in(result))
     for graph in captured:
         graph.outputs = []  # only their identities were needed
     if not captured:
@@ -181,27 +172,3 @@ def _autocast(args: tuple, dtype: torch.dtype | None) -> Iterator[None]:
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
     with torch.autocast(device_type=device, dtype=dtype):
         yield
-
-
-@contextlib.contextmanager
-def _model_state_kept(model: nn.Module, args: tuple, kwargs: dict | None) -> Iterator[None]:
-    """Put back buffers (BatchNorm statistics), train/eval flags and the RNG state on exit."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    modes = [(m, m.training) for m in model.modules()]
-    devices = {a.device for a in _tensors(args, kwargs) if a.device.type == "cuda"}
-    cuda = [d.index if d.index is not None else torch.cuda.current_device() for d in devices]
-    with torch.random.fork_rng(devices=cuda):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
-            for module, training in modes:
-                module.training = training
-
-
-def _tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_leaves
-
-    return [x for x in tree_leaves((args, kwargs or {})) if isinstance(x, torch.Tensor)]

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
+from explorer.modelstate import device_of, grad_holders, kept, tensors_in
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 
 __all__ = ["PeerPoint", "measure", "sequentialize"]
@@ -76,7 +76,7 @@ def sequentialize(model: nn.Module, example_inputs: tuple) -> nn.Sequential | No
     """
     if len(example_inputs) != 1 or not isinstance(example_inputs[0], torch.Tensor):
         return None
-    with _preserved(model, example_inputs):
+    with kept(model, example_inputs):
         model.train()
         expected = _seeded_output(model, example_inputs)
         for candidate in _candidates(model):
@@ -187,9 +187,9 @@ def measure(
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats}")
-    device = _device(model, example_inputs)
-    static = tensor_bytes([*model.parameters(), *model.buffers(), *_tensors(example_inputs)])
-    with _preserved(model, example_inputs):
+    device = device_of(model, example_inputs)
+    static = tensor_bytes([*model.parameters(), *model.buffers(), *tensors_in(example_inputs)])
+    with kept(model, example_inputs):
         model.train()
         variants, skipped = _variants(model, example_inputs)
         total = len(variants) * (repeats + 2)
@@ -329,53 +329,9 @@ def _peaks(
     return peaks
 
 
-# ---------------------------------------------------------------- leaving the model as it was
-
-
-@contextmanager
-def _preserved(model: nn.Module, inputs: tuple) -> Iterator[None]:
-    """Restore buffers (BatchNorm statistics), gradients, train/eval flags and RNG on exit.
-
-    Parameters are not copied: forward and backward read them but do not write them.
-    """
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    grads = [(t, t.grad) for t in _grad_holders(model, inputs)]
-    modes = [(m, m.training) for m in model.modules()]
-    device = _device(model, inputs)
-    rng_devices = [_cuda_index(device)] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
-            for tensor, grad in grads:
-                tensor.grad = grad
-            for module, training in modes:
-                module.training = training
+# ---------------------------------------------------------------- gradients
 
 
 def _clear_grads(model: nn.Module, inputs: tuple) -> None:
-    for tensor in _grad_holders(model, inputs):
+    for tensor in grad_holders(model, inputs):
         tensor.grad = None
-
-
-def _grad_holders(model: nn.Module, inputs: tuple) -> list[torch.Tensor]:
-    """Parameters and leaf inputs: the tensors whose ``.grad`` a step fills."""
-    return [*model.parameters(), *(x for x in _tensors(inputs) if x.is_leaf)]
-
-
-def _tensors(inputs: Sequence[Any]) -> list[torch.Tensor]:
-    return [x for x in tree_leaves(list(inputs)) if isinstance(x, torch.Tensor)]
-
-
-def _cuda_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _device(model: nn.Module, inputs: tuple) -> torch.device:
-    first = next(model.parameters(), None)
-    if first is None:
-        first = _first_tensor(inputs)
-    return first.device if first is not None else torch.device("cpu")

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from explorer.backend import parameter_signature
 from explorer.capture import CapturedGraph, capture
@@ -27,6 +26,7 @@ from explorer.export import write_module
 from explorer.graph import Graph
 from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec
+from explorer.modelstate import tensors_in
 from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn
 from explorer.schedule import Schedule
@@ -73,8 +73,7 @@ class Planner:
     @property
     def tensors(self) -> list[torch.Tensor]:
         """The example inputs' tensors, positional then keyword."""
-        leaves = tree_leaves((self.example_inputs, self.example_kwargs))
-        return [x for x in leaves if isinstance(x, torch.Tensor)]
+        return tensors_in((self.example_inputs, self.example_kwargs))
 
     @property
     def device(self) -> torch.device:

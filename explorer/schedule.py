@@ -20,8 +20,22 @@ from dataclasses import dataclass, field
 from explorer.graph import ValueRef
 
 
+class _Predicted:
+    """What both kinds of plan say about time: predicted and no-recompute seconds."""
+
+    predicted_seconds: float
+    baseline_seconds: float
+
+    @property
+    def predicted_overhead(self) -> float:
+        """Extra compute over the no-recompute step: 0.05 means 5% more."""
+        if self.baseline_seconds <= 0:
+            return 0.0
+        return self.predicted_seconds / self.baseline_seconds - 1.0
+
+
 @dataclass
-class GraphSchedule:
+class GraphSchedule(_Predicted):
     """One graph's plan, plus what the solver predicted for that graph alone."""
 
     fingerprint: str  # of the graph it was made for (explorer.graph.Graph.fingerprint)
@@ -36,13 +50,6 @@ class GraphSchedule:
     solve_seconds: float = 0.0
     recomputed: list[str] = field(default_factory=list)
     structure: str = ""  # the graph's shape-free structure hash (Graph.structure)
-
-    @property
-    def predicted_overhead(self) -> float:
-        """Extra compute over the no-recompute step: 0.05 means 5% more."""
-        if self.baseline_seconds <= 0:
-            return 0.0
-        return self.predicted_seconds / self.baseline_seconds - 1.0
 
     def to_dict(self) -> dict:
         return {
@@ -69,7 +76,7 @@ class GraphSchedule:
 
 
 @dataclass
-class Schedule:
+class Schedule(_Predicted):
     """A whole training step's plan: one GraphSchedule per captured graph, in capture order."""
 
     graphs: list[GraphSchedule]
@@ -81,13 +88,6 @@ class Schedule:
     gap: float = 0.0
     solve_seconds: float = 0.0
     context: object | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def predicted_overhead(self) -> float:
-        """Extra compute over the no-recompute step: 0.05 means 5% more."""
-        if self.baseline_seconds <= 0:
-            return 0.0
-        return self.predicted_seconds / self.baseline_seconds - 1.0
 
     @property
     def fingerprint(self) -> str:

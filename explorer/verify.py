@@ -33,12 +33,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils._pytree import tree_flatten
 
 from explorer.backend import EXACT, RematError, wrap_with_schedule
 from explorer.errors import UserError
 from explorer.export import read_module
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
+from explorer.modelstate import tensors_in
 from explorer.units import format_bytes
 
 RTOL = 1e-5
@@ -176,8 +177,10 @@ def verify(
         raise UserError(f"{path}: {exc}") from exc
     ref_args, ref_kwargs = _fresh_inputs(args, kwargs)
     new_args, new_kwargs = _fresh_inputs(args, kwargs)
-    static = tensor_bytes([*reference.parameters(), *reference.buffers(), *_tensors(args, kwargs)])
-    dev = _tensors(args, kwargs)[0].device
+    static = tensor_bytes(
+        [*reference.parameters(), *reference.buffers(), *tensors_in((args, kwargs))]
+    )
+    dev = tensors_in((args, kwargs))[0].device
 
     with _autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
         ref_out = training_step(reference, ref_args, seed, ref_kwargs)
@@ -191,8 +194,8 @@ def verify(
             f"(batch {spec.get('batch_size')}, input size {spec.get('input_size')}) traces to; "
             "the file was edited or made elsewhere: export a schedule for this model"
         )
-    ref_inputs = _tensors(ref_args, ref_kwargs)
-    new_inputs = _tensors(new_args, new_kwargs)
+    ref_inputs = tensors_in((ref_args, ref_kwargs))
+    new_inputs = tensors_in((new_args, new_kwargs))
     rows = [_plan_row(wrapped)]
     rows.append(compare("outputs", _paired(ref_out, new_out)))
     rows.append(
@@ -248,7 +251,7 @@ def _peak_row(measured: int, schedule: dict) -> VerifyRow:
 
 def _timings(reference, wrapped, args, kwargs, seed, schedule, autocast) -> dict[str, float]:
     """Median step times, interleaved so that drifts in machine load hit both alike."""
-    dev = _tensors(args, kwargs)[0].device
+    dev = tensors_in((args, kwargs))[0].device
     ref_times, new_times = [], []
     for _ in range(TIMED_STEPS):
         for model, times in ((reference, ref_times), (wrapped, new_times)):
@@ -336,10 +339,6 @@ def _fresh_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return x
 
     return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}
-
-
-def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    return [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
 
 
 def _dtype(name: str | None) -> torch.dtype | None:

@@ -1,0 +1,63 @@
+"""Leaving a model as it was found: planning and measuring run real steps on the user's model.
+
+A capture runs the model's forward for real, and the peers' measurements run whole training
+steps; neither may change what the user trains. `kept` puts back, on exit, the buffers
+(BatchNorm running statistics and counters), the gradients of the parameters and of leaf
+inputs, every module's train/eval flag, and the RNG state (CPU, and the CUDA devices in use).
+Parameters are not copied: a forward and a backward read them but do not write them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+
+@contextmanager
+def kept(model: nn.Module, inputs: Any) -> Iterator[None]:
+    """Restore the model's state on exit (see the module docstring)."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(t, t.grad) for t in grad_holders(model, inputs)]
+    modes = [(m, m.training) for m in model.modules()]
+    cuda = {_cuda_index(t.device) for t in tensors_in(inputs) if t.device.type == "cuda"}
+    device = device_of(model, inputs)
+    if device.type == "cuda":
+        cuda.add(_cuda_index(device))
+    with torch.random.fork_rng(devices=sorted(cuda)):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
+            for tensor, grad in grads:
+                tensor.grad = grad
+            for module, training in modes:
+                module.training = training
+
+
+def grad_holders(model: nn.Module, inputs: Any) -> list[torch.Tensor]:
+    """Parameters and leaf inputs: the tensors whose ``.grad`` a step fills."""
+    return [*model.parameters(), *(x for x in tensors_in(inputs) if x.is_leaf)]
+
+
+def tensors_in(inputs: Any) -> list[torch.Tensor]:
+    """Every tensor in a nest of tuples, lists and dicts (positional and keyword inputs)."""
+    return [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]
+
+
+def device_of(model: nn.Module, inputs: Any) -> torch.device:
+    """The model's device (its first parameter's), else the first input's, else the CPU."""
+    first = next(model.parameters(), None)
+    if first is None:
+        first = next(iter(tensors_in(inputs)), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
