@@ -86,6 +86,7 @@ class Graph:
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
+        self._hashes: dict[str, str] = {}  # a graph is not changed once built
 
     def node(self, name: str) -> Node:
         return self._by_name[name]
@@ -117,12 +118,19 @@ class Graph:
 
     def fingerprint(self) -> str:
         """A hash of everything that decides what the step computes and how big it is."""
-        return _digest(self.to_dict())
+        if "fingerprint" not in self._hashes:
+            self._hashes["fingerprint"] = _digest(self.to_dict())
+        return self._hashes["fingerprint"]
 
     def structure(self) -> str:
         """A hash of the operators and their wiring, without shapes or sizes: two graphs with
         the same structure (the same model at another batch size or sequence length) have the
         same node names, so a schedule made for one applies to the other."""
+        if "structure" not in self._hashes:
+            self._hashes["structure"] = self._structure_digest()
+        return self._hashes["structure"]
+
+    def _structure_digest(self) -> str:
         return _digest(
             {
                 "nodes": [
