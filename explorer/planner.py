@@ -30,6 +30,8 @@ from explorer.progress import CancelToken, ProgressFn
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline, simulate
 from explorer.solve import Solver, evaluate
+from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
+from explorer.solvers.registry import make_solver
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
 
@@ -57,7 +59,8 @@ class Planner:
         self.max_stages = max_stages
         self._capture: Capture | None = None
         self._profile: Profile | None = None
-        self._solvers: dict[float | None, Solver] = {}
+        self.solver_name = DEFAULT_SOLVER
+        self._solvers: dict[tuple[str, float | None], Solver] = {}
         self._baseline: Schedule | None = None
 
     # -- pipeline ----------------------------------------------------------------------------
@@ -103,11 +106,17 @@ class Planner:
         time_limit: float | None = None,
         progress: ProgressFn | None = None,
         cancel: CancelToken | None = None,
+        name: str | None = None,
     ) -> Solver:
-        """The prepared solver (stage ILPs and the chain table), cached per time limit."""
-        if time_limit not in self._solvers:
+        """The prepared solver, cached per name and time limit. `name` picks one of
+        explorer.solvers.registry ("chain", "exact", "table") and makes it the one that
+        sweep() and solve() use from then on."""
+        self.solver_name = name or self.solver_name
+        key = (self.solver_name, time_limit)
+        if key not in self._solvers:
             profile = self.profile(cancel=cancel)
-            self._solvers[time_limit] = Solver(
+            self._solvers[key] = make_solver(
+                self.solver_name,
                 self.capture(),
                 profile,
                 time_limit=time_limit,
@@ -115,7 +124,7 @@ class Planner:
                 progress=progress,
                 cancel=cancel,
             )
-        return self._solvers[time_limit]
+        return self._solvers[key]
 
     def sweep(
         self,

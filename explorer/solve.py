@@ -1,11 +1,17 @@
 """Solve for a memory budget: the chain of stages, each distinct stage's ILP options (PuLP +
-CBC), the dynamic program over the chain, and an exact check of the resulting program.
+CBC), the dynamic program over the chain, then the whole-step MILP to refine.
 
-`Solver` does the expensive part once (ILPs and the table for every budget); `solve(budget)`
-then only reads a schedule out of the table, compiles it, and simulates it. The table counts
-memory conservatively; if the exact simulation of a schedule still exceeds the budget (shared
-tensors, rounding), a smaller table budget is tried, so a returned schedule is always within
-budget by the same accounting that `simulate` and the plots use.
+`Solver` does the expensive part once: the stage ILPs, the chain table for every budget,
+and every distinct schedule the table holds, each lowered into the schedule space
+(explorer.solvers.space) and simulated exactly. Those verified schedules form a Pareto set;
+`solve(b)` starts from its fastest member within b and, when the step is small enough for
+the whole-step MILP (explorer.solvers.milp), improves it with CBC for a few seconds
+(explorer.solvers.refine); every result joins the set. So `solve(b)` is never worse than any
+schedule found before within b, the overhead never rises with the budget, the minimum is the
+least simulated peak found, and every returned schedule fits its budget by the same
+accounting as `simulate` and the plots. A schedule is labelled "optimal" only when the whole
+step was proven optimal; otherwise "feasible" with its gap to a proven lower bound (1.0 when
+none was computed: a step too large for the whole-step MILP).
 """
 
 from __future__ import annotations
@@ -15,13 +21,18 @@ from dataclasses import dataclass, field, replace
 
 from explorer.chain import Chain, Stage, build_chain
 from explorer.errors import UserError
-from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph, ValueRef
+from explorer.graph import BACKWARD, Graph, ValueRef
 from explorer.profile import Profile
 from explorer.program import baseline_schedule, check_program, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.rotor import ChainTable, Step, fresh_frontier_bytes, stage_costs
 from explorer.schedule import Schedule
 from explorer.simulate import simulate
+from explorer.solvers.accounting import step_facts
+from explorer.solvers.answers import Answers, relative_gap
+from explorer.solvers.milp import StepMilp
+from explorer.solvers.refine import Refiner
+from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
 from explorer.stage_ilp import (
     StageOption,
     StageProblem,
@@ -34,6 +45,8 @@ from explorer.units import format_bytes
 KEEP_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8)
 TABLE_UNITS = 600
 TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
+REFINE_SECONDS = 2.0  # CBC time per budget for the refinement, when the step is small enough
+MAX_REFINE_SIZE = 1000  # recomputation binaries of the whole-step MILP the refinement takes on
 
 
 @dataclass
@@ -47,10 +60,19 @@ class SetupReport:
     table_seconds: float
     worst_gap: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)
+    table_schedules: int = 0  # distinct schedules read out of the table and simulated
+    milp_size: int = 0  # recomputation binaries of the whole-step MILP
+    refines: bool = False  # whether solve() refines with it
 
 
 class Solver:
-    """Everything needed to answer "best schedule under B bytes" quickly, for any B."""
+    """Everything needed to answer "best schedule under B bytes" quickly, for any B.
+
+    `refine_seconds` is the CBC time each budget gets to improve the table's answer with
+    the whole-step MILP (0: the table only); the MILP is used only when it has at most
+    `max_refine_size` recomputation binaries, unless `max_refine_size` is None."""
+
+    name = "chain"
 
     def __init__(
         self,
@@ -61,11 +83,15 @@ class Solver:
         max_stages: int = 48,
         progress: ProgressFn | None = None,
         cancel: CancelToken | None = None,
+        refine_seconds: float | None = None,
+        max_refine_size: int | None = MAX_REFINE_SIZE,
+        whole_share: float | None = None,
     ) -> None:
         self.graph = graph
         self.profile = profile
         self.seconds = profile.seconds
         self.fingerprint = graph.fingerprint()
+        self.cancel = cancel
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
         started = time.perf_counter()
         self.options = self._stage_options(time_limit, progress, cancel)
@@ -77,6 +103,22 @@ class Solver:
         grads = sum(stage.param_grad_bytes for stage in self.chain.stages)
         self.fixed_bytes = graph.static_bytes() + grads  # no schedule can go below this
         self.table = self._build_table()
+        order = backward_order(graph, [stage.backward for stage in self.chain.stages])
+        pinned = {ref[0] for ref in self.chain.pinned}
+        self.space = Space(graph, order, pinned)
+        self.answers = Answers(self.baseline)
+        read = self._read_table(cancel)
+        facts = step_facts(graph, order, pinned, profile.workspace)
+        self.milp = StepMilp(self.space, facts, self.seconds)
+        if refine_seconds is None:
+            refine_seconds = (
+                REFINE_SECONDS if time_limit is None else min(REFINE_SECONDS, time_limit)
+            )
+        self.refine_seconds = refine_seconds
+        self.whole_share = whole_share
+        self.refines = refine_seconds > 0 and (
+            max_refine_size is None or self.milp.size <= max_refine_size
+        )
         flat = [o for opts in self.options for o in opts]
         self.setup = SetupReport(
             stages=len(self.chain.stages),
@@ -86,6 +128,9 @@ class Solver:
             table_seconds=time.perf_counter() - started,
             worst_gap=max((o.gap for o in flat), default=0.0),
             statuses={s: sum(1 for o in flat if o.status == s) for s in {o.status for o in flat}},
+            table_schedules=read,
+            milp_size=self.milp.size,
+            refines=self.refines,
         )
         self._minimum: Schedule | None = None
 
@@ -135,6 +180,27 @@ class Solver:
         tangents = sum(n.out_bytes for n in self.graph.placeholders("tangent"))
         return self.graph.static_bytes() + self.chain.bytes_of(self.chain.pinned) + tangents
 
+    def _read_table(self, cancel: CancelToken | None) -> int:
+        """Lower and simulate every distinct schedule the table holds (its budgets are
+        conservative and not monotone in what fits, so each is checked, none assumed)."""
+        self.answers.add(self.schedule_of(self.space.empty()))  # no recomputation, our order
+        lowest = self.table.min_units()
+        if lowest is None:
+            return 0
+        seen: set[tuple] = set()
+        for units in range(lowest, self.table.units + 1):
+            steps = self.table.sequence(units)
+            key = tuple((s.kind, s.stage, s.option) for s in steps)
+            if key in seen:
+                continue
+            seen.add(key)
+            check_cancel(cancel)
+            raw = _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
+            windows = self.space.windows_of(raw)
+            if windows is not None:
+                self.answers.add(self.schedule_of(windows))
+        return len(seen)
+
     # -- answers -----------------------------------------------------------------------------
 
     def evaluate(self, schedule: Schedule) -> Schedule:
@@ -144,60 +210,70 @@ class Solver:
             self.graph, self.profile, schedule, base.predicted_seconds if base else None
         )
 
+    def schedule_of(self, windows: Windows) -> Schedule:
+        """The simulated schedule of a point of the space (useless recomputations dropped)."""
+        return self.evaluate(self.space.lower(self.space.prune(windows), self.fingerprint))
+
+    def known(self) -> list[Schedule]:
+        """Every verified Pareto-optimal schedule found so far (ascending peak)."""
+        return [self._copy(s) for s in self.answers.points]
+
     def minimum(self) -> Schedule:
-        """The leanest schedule found: the table's, or no recomputation if that is leaner."""
+        """The least simulated peak found (refined when the step is small enough), and the
+        fastest schedule at that peak."""
         if self._minimum is None:
-            lowest = self.table.min_units()
-            found = self._schedule_at(lowest) if lowest is not None else None
-            if found is None or found.predicted_peak_bytes >= self.baseline.predicted_peak_bytes:
-                found = self._copy(self.baseline)
-            self._minimum = found
-        return self._minimum
+            check_cancel(self.cancel)
+            lowest = self.answers.lowest()
+            proven = False
+            if self.refines and lowest.predicted_seconds > self.baseline.predicted_seconds:
+                refined = self._refiner().leanest(lowest, self.refine_seconds)
+                self.answers.add(refined.schedule)
+                lowest = refined.schedule
+                proven = refined.optimal
+            self._minimum = self.solve(lowest.predicted_peak_bytes)
+            if not proven and self._minimum.status == "optimal" and self.refines:
+                self._minimum.status = "feasible"
+        return self._copy(self._minimum)
 
     def solve(self, budget_bytes: int) -> Schedule:
-        """The fastest schedule whose simulated peak is at most `budget_bytes`."""
+        """The fastest schedule found whose simulated peak is at most `budget_bytes`."""
         started = time.perf_counter()
-        if budget_bytes >= self.baseline.predicted_peak_bytes:
-            chosen = self._copy(self.baseline)
+        check_cancel(self.cancel)
+        budget = int(budget_bytes)
+        start = self.answers.best_within(budget)
+        if start is None:
+            lowest = self.answers.lowest().predicted_peak_bytes
+            raise UserError(
+                f"budget {format_bytes(budget)} is below the feasible minimum "
+                f"{format_bytes(lowest)} ({lowest} bytes)"
+            )
+        if start.predicted_seconds <= self.baseline.predicted_seconds:
+            status, gap = "optimal", 0.0  # nothing recomputed: nothing can be faster
+        elif self.refines:
+            status, gap = self._refine(budget, start)
         else:
-            chosen = self._within(budget_bytes)
-        chosen.budget_bytes = int(budget_bytes)
+            status, gap = "feasible", 1.0
+        chosen = self._copy(self.answers.best_within(budget))
+        chosen.status, chosen.gap = status, gap
+        chosen.budget_bytes = budget
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
-    def _within(self, budget: int) -> Schedule:
-        minimum = self.minimum()
-        if minimum.predicted_peak_bytes > budget:
-            raise UserError(
-                f"budget {format_bytes(budget)} is below the feasible minimum "
-                f"{format_bytes(minimum.predicted_peak_bytes)} "
-                f"({minimum.predicted_peak_bytes} bytes)"
-            )
-        lo = self.table.min_units()
-        hi = min(self.table.units, max(lo, (budget - self.context_bytes) // self.table.unit))
-        candidate = self._schedule_at(hi)
-        if candidate.predicted_peak_bytes <= budget:
-            return candidate
-        best = minimum
-        hi -= 1
-        while lo < hi:  # the table over-counts; find the largest table budget that fits
-            mid = (lo + hi + 1) // 2
-            candidate = self._schedule_at(mid)
-            if candidate.predicted_peak_bytes <= budget:
-                best, lo = candidate, mid
-            else:
-                hi = mid - 1
-        return self._copy(best)
+    def _refine(self, budget: int, start: Schedule) -> tuple[str, float]:
+        """Improve on `start` at `budget`; ('optimal', 0) if proven, else ('feasible', gap)."""
+        refined = self._refiner().fastest(budget, start, self.refine_seconds)
+        self.answers.add(refined.schedule)
+        if refined.optimal:
+            return "optimal", 0.0
+        best = self.answers.best_within(budget)
+        redo = best.predicted_seconds - self.baseline.predicted_seconds
+        return "feasible", relative_gap(redo, refined.bound)
 
-    def _schedule_at(self, units: int) -> Schedule:
-        steps = self.table.sequence(units)
-        schedule = self.evaluate(
-            _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
-        )
-        used = [self.options[s.stage][s.option] for s in steps if s.kind == "backward"]
-        schedule.gap = max((o.gap for o in used), default=0.0)
-        schedule.status = "optimal" if all(o.status == "optimal" for o in used) else "feasible"
-        return schedule
+    def _refiner(self) -> Refiner:
+        refiner = Refiner(self.milp, self.schedule_of)
+        if self.whole_share is not None:
+            refiner.whole_share = self.whole_share
+        return refiner
 
     @staticmethod
     def _copy(schedule: Schedule) -> Schedule:
@@ -279,20 +355,4 @@ def _lower(graph: Graph, chain: Chain, options, steps: list[Step], fingerprint: 
     # backward operators the chain did not place (none expected) still run, in traced order
     placed = set(order)
     order += [n.name for n in graph.nodes if n.phase == BACKWARD and n.name not in placed]
-    return Schedule(fingerprint, _saved_by_liveness(graph, order), order)
-
-
-def _saved_by_liveness(graph: Graph, order: list[str]) -> list[ValueRef]:
-    """Forward values the backward reads before (or without) making them again."""
-    made_again: set[ValueRef] = set()
-    saved: list[ValueRef] = []
-    seen: set[ValueRef] = set()
-    for name in order:
-        node = graph.node(name)
-        for ref in node.inputs:
-            producer = graph.node(ref[0])
-            if producer.phase in (FORWARD, EFFECT) and ref not in made_again and ref not in seen:
-                seen.add(ref)
-                saved.append(ref)
-        made_again.update((name, i) for i in range(len(node.outputs)))
-    return saved
+    return Schedule(fingerprint, saved_by_liveness(graph, order), order)

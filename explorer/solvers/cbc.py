@@ -1,17 +1,20 @@
 """Run CBC (the binary that ships inside PuLP) and read back what it proved.
 
-PuLP reports whether a solution is optimal or only feasible, but not the lower bound CBC
-had proven when its time limit stopped it; CBC prints that bound in its log, so the log is
-written to a temporary file and read here.
+PuLP reports whether a solution is optimal or only feasible, but not the lower bound CBC had
+proven when its time limit stopped it; CBC prints that bound in its log, so the log is
+written to a private temporary folder and read here. The bundled CBC (2.10.3) sometimes
+crashes when its time runs out just after it has read a MIP start; such a run counts as one
+that found nothing new (the start is already known to the caller).
 """
 
 from __future__ import annotations
 
-import os
 import re
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulp
 
@@ -25,15 +28,14 @@ class Outcome:
     optimal: bool
     objective: float | None
     bound: float | None
-    infeasible: bool = False
 
 
 def solve(
     prob: pulp.LpProblem, time_limit: float | None, warm_start: bool = False, relax: bool = False
 ) -> Outcome:
     """Solve `prob` (its LP relaxation if `relax`) with CBC on one thread."""
-    handle, log_path = tempfile.mkstemp(prefix="cbc_", suffix=".log")
-    os.close(handle)
+    folder = Path(tempfile.mkdtemp(prefix="remat_cbc_"))
+    log_path = folder / "cbc.log"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PuLP 3.3 warns the bundled CBC moves in 4.0
@@ -42,25 +44,23 @@ def solve(
                 timeLimit=time_limit,
                 threads=1,
                 warmStart=warm_start,
-                logPath=log_path,
+                logPath=str(log_path),
                 mip=not relax,
                 timeMode="elapsed",
             )
-            prob.solve(solver)
-        with open(log_path, encoding="utf-8", errors="replace") as log:
-            text = log.read()
+            solver.tmpDir = str(folder)
+            try:
+                prob.solve(solver)
+            except pulp.PulpSolverError:
+                return Outcome(False, False, None, None)
+        text = log_path.read_text(encoding="utf-8", errors="replace")
     finally:
-        os.unlink(log_path)
+        shutil.rmtree(folder, ignore_errors=True)
     found = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     optimal = prob.sol_status == pulp.LpSolutionOptimal
-    objective = pulp.value(prob.objective) if found else None
-    if objective is None and found:
-        objective = 0.0
-    bound = _proven_bound(text)
-    if optimal:
-        bound = objective
-    infeasible = prob.status == pulp.LpStatusInfeasible and not found
-    return Outcome(found, optimal, objective, bound, infeasible)
+    objective = (pulp.value(prob.objective) or 0.0) if found else None
+    bound = objective if optimal else _proven_bound(text)
+    return Outcome(found, optimal, objective, bound)
 
 
 def _proven_bound(log: str) -> float | None:

@@ -61,31 +61,35 @@ class StepMilp:
         decisions = set(space.decisions)
         for root in facts.storages:
             self.maker[root] = root[0] if root[0] in decisions else None
-        self.ops_reads = {a: self._storage_reads(graph.node(a).inputs) for a in space.decisions}
+        self.ops_reads = {a: self._storage_reads(a) for a in space.decisions}
         self.ops_makes = {
             a: [(a, i) for i, m in enumerate(graph.node(a).outputs) if (a, i) in facts.storages]
             for a in space.decisions
         }
-        reads = [self._storage_reads(graph.node(n).inputs) for n in space.order]
-        self.stages = [t for t, r in enumerate(reads) if r]  # backward positions with a window
+        reads = [self._storage_reads(n) for n in space.order]
+        self.stages = [t for t, r in enumerate(space.reading) if r]  # backward positions
         self.reads = [reads[t] for t in self.stages]
         self.n = len(self.stages)
         self.candidates = self._candidates()
         self.useful = self._useful()
         self.scale = _byte_scale(facts)
         self.time_unit = max(sum(seconds.get(a, 0.0) for a in space.decisions), 1e-12)
-        self._build()
+        self.unit = self.time_unit
+        self.size = sum(len(c) for c in self.candidates)  # recomputation binaries
+        self.prob: pulp.LpProblem | None = None
+        self._rows_of: dict[str, list[str]] | None = None
+        self._touched_cache: dict[str, set[Root]] = {}
+
+    def build(self) -> None:
+        """Write the model (PuLP); separate from __init__ so `size` can be read first."""
+        if self.prob is None:
+            self._build()
 
     # -- which variables exist ---------------------------------------------------------------
 
-    def _storage_reads(self, refs) -> list[Root]:
-        """Forward storages (not held for the whole step) behind `refs`."""
-        found = []
-        for r in refs:
-            root = self.facts.storage_of.get(r)
-            if root is not None and not self.facts.storages[root].held and root not in found:
-                found.append(root)
-        return found
+    def _storage_reads(self, name: str) -> list[Root]:
+        """Forward storages operator `name` reads (those held all step excepted)."""
+        return [r for r in self.space.storage_reads(name) if r in self.facts.storages]
 
     def _candidates(self) -> list[list[str]]:
         """Window i may recompute what any stage from i on may need."""
@@ -208,7 +212,10 @@ class StepMilp:
             self.prob += self._state(nxt, t) + f.backward_at[t] * self.scale <= self.peak
 
     def _touched(self, a: str) -> set[Root]:
-        return set(self.ops_reads[a]) | set(self.ops_makes[a])
+        """Storages operator a reads or allocates (cached: the warm start asks often)."""
+        if a not in self._touched_cache:
+            self._touched_cache[a] = set(self.ops_reads[a]) | set(self.ops_makes[a])
+        return self._touched_cache[a]
 
     def _stage_memory(self, i: int) -> None:
         """Memory entering stage i, after each recomputation of its window, and at its
@@ -258,35 +265,92 @@ class StepMilp:
 
     # -- solving -----------------------------------------------------------------------------
 
-    def solve_budget(
-        self,
-        budget: int,
-        time_limit: float | None,
-        start: Windows | None = None,
-        relax: bool = False,
-    ) -> MilpResult:
-        """Least recomputation seconds within `budget` bytes (the LP relaxation if `relax`)."""
+    def use_budget(self, budget: int) -> None:
+        """Objective: least recomputation seconds within `budget` bytes."""
+        self.build()
         self.peak.upBound = budget * self.scale
         self.prob.setObjective(self.time_cost)
-        return self._run(time_limit, start, relax, self.time_unit)
+        self.unit = self.time_unit
 
-    def solve_least_peak(
-        self, time_limit: float | None, start: Windows | None = None, relax: bool = False
-    ) -> MilpResult:
-        """The least peak in bytes (whatever it recomputes: solve_budget at that peak next)."""
+    def use_least_peak(self) -> None:
+        """Objective: the least peak in bytes (whatever it recomputes)."""
+        self.build()
         self.peak.upBound = None
         self.prob.setObjective(self.peak)
-        return self._run(time_limit, start, relax, 1 / self.scale)
+        self.unit = 1 / self.scale
 
-    def _run(self, time_limit, start, relax, unit: float) -> MilpResult:
+    def run(
+        self,
+        time_limit: float | None,
+        start: Windows | None = None,
+        free: range | None = None,
+        relax: bool = False,
+    ) -> MilpResult:
+        """Solve under the current objective, from `start` (CBC's MIP start). With `free`
+        (and a start), only the windows of those stages may change: CBC then gets the model
+        with every other decision replaced by its value in `start`."""
         if start is not None:
             self.set_start(start)
-        outcome = cbc.solve(self.prob, time_limit, warm_start=start is not None, relax=relax)
-        bound = None if outcome.bound is None else max(0.0, outcome.bound) * unit
+        prob = self.prob
+        if free is not None and start is not None:
+            prob = self._neighbourhood(free)
+        outcome = cbc.solve(prob, time_limit, warm_start=start is not None, relax=relax)
+        bound = None if outcome.bound is None or free else max(0.0, outcome.bound) * self.unit
         if not outcome.found:
             return MilpResult(None, False, None, bound)
         windows = None if relax else self.windows()
-        return MilpResult(windows, outcome.optimal, (outcome.objective or 0.0) * unit, bound)
+        objective = (outcome.objective or 0.0) * self.unit
+        return MilpResult(windows, outcome.optimal and not free, objective, bound)
+
+    def _neighbourhood(self, free: range) -> pulp.LpProblem:
+        """The model restricted to re-deciding the windows of stages `free`: the storages
+        those windows read or make stay free everywhere, with the memory of every stage
+        they appear in; every other variable is fixed to its start value and the rows
+        left without a free variable (the start satisfies them) are dropped."""
+        stages = set(free) & set(range(self.n))
+        touched: set[Root] = set()
+        for i in stages:
+            touched.update(self.reads[i])
+            for a in self.candidates[i]:
+                touched.update(self._touched(a))
+        names: set[str] = {"peak"}
+        names.update(x.name for (i, _), x in self.redo.items() if i in stages)
+        names.update(x.name for (i, s), x in self.avail.items() if s in touched)
+        busy = stages | {i for (i, s) in self.avail if s in touched}
+        busy |= {i - 1 for i in busy}
+        names.update(x.name for (i, _), x in self.mem.items() if i in busy)
+        names.update(x.name for (i, s, _), x in self.freed.items() if i in stages or s in touched)
+        sub = pulp.LpProblem("window", pulp.LpMinimize)
+        for name in self._rows_with(names):
+            row = self.prob.constraints[name]
+            terms, constant = {}, row.constant
+            for x, coef in row.items():
+                if x.name in names:
+                    terms[x] = coef
+                else:
+                    constant += coef * (x.varValue or 0.0)
+            sub += pulp.LpConstraint(pulp.LpAffineExpression(terms, constant), row.sense)
+        objective = self.prob.objective
+        sub.setObjective(
+            pulp.LpAffineExpression(
+                {x: c for x, c in objective.items() if x.name in names},
+                sum(c * (x.varValue or 0.0) for x, c in objective.items() if x.name not in names),
+            )
+        )
+        return sub
+
+    def _rows_with(self, names: set[str]) -> list[str]:
+        """Names of the rows that hold any of the variables `names` (index built once)."""
+        if self._rows_of is None:
+            self._rows_of = {}
+            for row_name, row in self.prob.constraints.items():
+                for x in row:
+                    self._rows_of.setdefault(x.name, []).append(row_name)
+        rows: dict[str, None] = {}
+        for name in names:
+            for row_name in self._rows_of.get(name, ()):
+                rows[row_name] = None
+        return list(rows)
 
     def windows(self) -> Windows:
         """The recomputations of the current solution, as windows of the space."""

@@ -53,12 +53,22 @@ class Space:
             if n.phase == FORWARD and n.name not in pinned and n.name not in self.views
         ]
         self.owner = storage_owners(graph)
-        self.reading = [self._reads_forward(name) for name in order]
+        # storages that hold a model output stay alive all step: reading them needs nothing
+        self.held = {self.owner.get(r, r) for r in self.outputs}
+        self.reading = [bool(self.storage_reads(name)) for name in order]
 
-    def _reads_forward(self, name: str) -> bool:
-        return any(
-            r[0] in self.position and r not in self.outputs for r in self.graph.node(name).inputs
-        )
+    def storage_reads(self, name: str) -> list[ValueRef]:
+        """The forward-made storages (by their root value) behind the forward values that
+        operator `name` reads, except those held all step. (A backward view of a forward
+        storage keeps it allocated by itself: reading the view needs nothing more.)"""
+        found: list[ValueRef] = []
+        for r in self.graph.node(name).inputs:
+            root = self.owner.get(r, r)
+            if r[0] not in self.position or root[0] not in self.position:
+                continue
+            if root not in self.held and root not in found:
+                found.append(root)
+        return found
 
     def empty(self) -> Windows:
         return [[] for _ in self.order]
