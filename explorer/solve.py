@@ -219,20 +219,20 @@ class Solver:
         return [self._copy(s) for s in self.answers.points]
 
     def minimum(self) -> Schedule:
-        """The least simulated peak found (refined when the step is small enough), and the
-        fastest schedule at that peak."""
+        """The least simulated peak found (searched with the whole-step MILP when the step
+        is small enough), and the fastest schedule found at that peak."""
         if self._minimum is None:
             check_cancel(self.cancel)
             lowest = self.answers.lowest()
             proven = False
-            if self.refines and lowest.predicted_seconds > self.baseline.predicted_seconds:
+            if self.refines:
                 refined = self._refiner().leanest(lowest, self.refine_seconds)
                 self.answers.add(refined.schedule)
                 lowest = refined.schedule
                 proven = refined.optimal
             self._minimum = self.solve(lowest.predicted_peak_bytes)
             if not proven and self._minimum.status == "optimal" and self.refines:
-                self._minimum.status = "feasible"
+                self._minimum.status = "feasible"  # fastest at this peak, but a lower one?
         return self._copy(self._minimum)
 
     def solve(self, budget_bytes: int) -> Schedule:
@@ -241,6 +241,9 @@ class Solver:
         check_cancel(self.cancel)
         budget = int(budget_bytes)
         start = self.answers.best_within(budget)
+        if start is None and self._minimum is None and self.refines:
+            self.minimum()  # searches for lower peaks than the table's
+            start = self.answers.best_within(budget)
         if start is None:
             lowest = self.answers.lowest().predicted_peak_bytes
             raise UserError(

@@ -2,8 +2,9 @@
 
 `StepBuilder` writes a forward pass operator by operator and derives a backward the way
 autograd does: each forward operator gets a gradient operator that reads the gradient of its
-output and whatever the operator saved (its inputs, or its output for ReLU-like operators),
-and makes the gradients of its inputs, summed where a value has several readers. Views
+output and whatever the operator saved (its inputs, or, for ReLU-like operators, a backward
+view of its output made at the start of the backward), and makes the gradients of its
+inputs, summed where a value has several readers. Views
 allocate nothing and get a view-shaped gradient. `random_step` draws such graphs for the
 property tests; `brute_force` enumerates every point of the solver's schedule space.
 """
@@ -99,6 +100,22 @@ class StepBuilder:
         )
         grads: dict[ValueRef, list[ValueRef]] = {output: [("tangent", 0)]}
         seconds = dict(self.seconds)
+        # like autograd's detach of a saved output: a backward view that holds the forward
+        # storage from the start of the backward to its reader
+        held = {}
+        for op in self.ops:
+            if op.saves == "output":
+                held[op.name] = (f"saved_{op.name}", 0)
+                nodes.append(
+                    Node(
+                        held[op.name][0],
+                        "aten.detach.default",
+                        BACKWARD,
+                        [(op.name, 0)],
+                        [_meta(0, alias=0)],
+                    )
+                )
+                seconds[held[op.name][0]] = 0.0
         for op in reversed(self.ops):
             incoming = grads.get((op.name, 0))
             if not incoming:
@@ -108,7 +125,7 @@ class StepBuilder:
             if op.saves == "inputs":
                 reads += [r for r in op.inputs if not r[0].startswith("tangent")]
             elif op.saves == "output":
-                reads.append((op.name, 0))
+                reads.append(held[op.name])
             outs = []
             for r in op.inputs:
                 nbytes = _bytes_of(nodes, r)

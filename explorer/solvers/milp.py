@@ -77,7 +77,7 @@ class StepMilp:
         self.unit = self.time_unit
         self.size = sum(len(c) for c in self.candidates)  # recomputation binaries
         self.prob: pulp.LpProblem | None = None
-        self._rows_of: dict[str, list[str]] | None = None
+        self._rows_of: dict[str, list[int]] | None = None
         self._touched_cache: dict[str, set[Root]] = {}
 
     def build(self) -> None:
@@ -302,6 +302,20 @@ class StepMilp:
         objective = (outcome.objective or 0.0) * self.unit
         return MilpResult(windows, outcome.optimal and not free, objective, bound)
 
+    def count(self, windows: Windows) -> float | None:
+        """The MILP's least peak for exactly these recomputations (everything else left to
+        CBC): it must equal the simulated peak of the lowered schedule."""
+        self.use_least_peak()
+        chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
+        for key, x in self.redo.items():
+            x.lowBound = x.upBound = 1 if key in chosen else 0
+        try:
+            outcome = cbc.solve(self.prob, None)
+        finally:
+            for x in self.redo.values():
+                x.lowBound, x.upBound = 0, 1
+        return None if outcome.objective is None else outcome.objective * self.unit
+
     def _neighbourhood(self, free: range) -> pulp.LpProblem:
         """The model restricted to re-deciding the windows of stages `free`: the storages
         those windows read or make stay free everywhere, with the memory of every stage
@@ -321,8 +335,7 @@ class StepMilp:
         names.update(x.name for (i, _), x in self.mem.items() if i in busy)
         names.update(x.name for (i, s, _), x in self.freed.items() if i in stages or s in touched)
         sub = pulp.LpProblem("window", pulp.LpMinimize)
-        for name in self._rows_with(names):
-            row = self.prob.constraints[name]
+        for row in self._rows_with(names):
             terms, constant = {}, row.constant
             for x, coef in row.items():
                 if x.name in names:
@@ -339,18 +352,16 @@ class StepMilp:
         )
         return sub
 
-    def _rows_with(self, names: set[str]) -> list[str]:
-        """Names of the rows that hold any of the variables `names` (index built once)."""
+    def _rows_with(self, names: set[str]) -> list[pulp.LpConstraint]:
+        """The rows that hold any of the variables `names` (the index is built once)."""
+        rows = self.prob.constraints()
         if self._rows_of is None:
             self._rows_of = {}
-            for row_name, row in self.prob.constraints.items():
+            for k, row in enumerate(rows):
                 for x in row:
-                    self._rows_of.setdefault(x.name, []).append(row_name)
-        rows: dict[str, None] = {}
-        for name in names:
-            for row_name in self._rows_of.get(name, ()):
-                rows[row_name] = None
-        return list(rows)
+                    self._rows_of.setdefault(x.name, []).append(k)
+        picked = sorted({k for name in names for k in self._rows_of.get(name, ())})
+        return [rows[k] for k in picked]
 
     def windows(self) -> Windows:
         """The recomputations of the current solution, as windows of the space."""

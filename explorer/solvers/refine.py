@@ -19,7 +19,7 @@ from explorer.solvers.milp import StepMilp
 from explorer.solvers.space import Windows
 
 WINDOW = 8  # stages re-decided at once
-WHOLE_SHARE = 0.5  # share of the time first given to CBC on the whole model
+WHOLE_SHARE = 0.2  # share of the time first given to CBC on the whole model
 
 
 @dataclass
@@ -65,7 +65,9 @@ class Refiner:
         deadline = started + seconds
         milp = self.milp
         objective()
-        best, windows = start, self.windows_of(start)
+        best = start
+        # autograd's own order is outside the space: start from no recomputation in ours
+        windows = self.windows_of(start) or milp.space.empty()
         overrun, bound = 0.0, None
         if self.whole_share > 0:
             whole_limit = max(seconds * self.whole_share, 0.05)
@@ -86,7 +88,7 @@ class Refiner:
                 left = deadline - time.perf_counter() - overrun
                 if left < 0.1:
                     return Refined(best, False, bound)
-                found = milp.run(min(left, 2.0), windows, free=range(first, first + WINDOW))
+                found = milp.run(min(left, 1.0), windows, free=range(first, first + WINDOW))
                 if found.windows is None:
                     continue
                 candidate = self.evaluate(found.windows)
