@@ -152,11 +152,12 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    """Replace this benchmark's section of docs/BENCHMARKS.md, keeping the others."""
+def write_section(text: str, section: str = SECTION) -> None:
+    """Replace one benchmark's section of docs/BENCHMARKS.md (it starts with `section`),
+    keeping the others."""
     old = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    if SECTION in old:
-        head, rest = old.split(SECTION, 1)
+    if section in old:
+        head, rest = old.split(section, 1)
         tail = rest[rest.find("\n## ") :] if "\n## " in rest else ""
         new = head + text + tail
     else:

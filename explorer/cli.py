@@ -105,6 +105,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     started = time.perf_counter()
     _profile(plan, out)
+    plan.solver_cache = out / "solver_cache.json"
     update, close = _tqdm_progress("stage ILPs")
     try:
         solver = plan.solver(args.time_limit, progress=update, name=args.solver)

@@ -60,6 +60,7 @@ class Planner:
         self._capture: Capture | None = None
         self._profile: Profile | None = None
         self.solver_name = DEFAULT_SOLVER
+        self.solver_cache: Path | None = None  # JSON beside the profile: faster re-sweeps
         self._solvers: dict[tuple[str, float | None], Solver] = {}
         self._baseline: Schedule | None = None
 
@@ -123,6 +124,7 @@ class Planner:
                 max_stages=self.max_stages,
                 progress=progress,
                 cancel=cancel,
+                cache=self.solver_cache,
             )
         return self._solvers[key]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from explorer.chain import Chain, Stage, build_chain
 from explorer.errors import UserError
@@ -30,6 +31,7 @@ from explorer.schedule import Schedule
 from explorer.simulate import simulate
 from explorer.solvers.accounting import step_facts
 from explorer.solvers.answers import Answers, relative_gap
+from explorer.solvers.cache import SolverCache, digest
 from explorer.solvers.milp import StepMilp
 from explorer.solvers.refine import Refiner
 from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
@@ -86,12 +88,22 @@ class Solver:
         refine_seconds: float | None = None,
         max_refine_size: int | None = MAX_REFINE_SIZE,
         whole_share: float | None = None,
+        cache: str | Path | None = None,
     ) -> None:
         self.graph = graph
         self.profile = profile
         self.seconds = profile.seconds
         self.fingerprint = graph.fingerprint()
         self.cancel = cancel
+        if refine_seconds is None:
+            refine_seconds = (
+                REFINE_SECONDS if time_limit is None else min(REFINE_SECONDS, time_limit)
+            )
+        settings = [refine_seconds, max_refine_size, whole_share, max_stages, time_limit]
+        self.cache = None
+        if cache is not None:
+            numbers = [sorted(profile.seconds.items()), sorted(profile.workspace.items())]
+            self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
         started = time.perf_counter()
         self.options = self._stage_options(time_limit, progress, cancel)
@@ -107,13 +119,9 @@ class Solver:
         pinned = {ref[0] for ref in self.chain.pinned}
         self.space = Space(graph, order, pinned)
         self.answers = Answers(self.baseline)
-        read = self._read_table(cancel)
+        read = self._read_cache() or self._read_table(cancel)
         facts = step_facts(graph, order, pinned, profile.workspace)
         self.milp = StepMilp(self.space, facts, self.seconds)
-        if refine_seconds is None:
-            refine_seconds = (
-                REFINE_SECONDS if time_limit is None else min(REFINE_SECONDS, time_limit)
-            )
         self.refine_seconds = refine_seconds
         self.whole_share = whole_share
         self.refines = refine_seconds > 0 and (
@@ -133,6 +141,7 @@ class Solver:
             refines=self.refines,
         )
         self._minimum: Schedule | None = None
+        self._save()
 
     # -- preparation -------------------------------------------------------------------------
 
@@ -143,9 +152,33 @@ class Solver:
         self._distinct, self._ilps = len(distinct), 0
         for k, problem in enumerate(distinct):
             check_cancel(cancel)
-            solved[problem.signature] = (problem, self._solve_stage(problem, time_limit))
+            solved[problem.signature] = (problem, self._stage_menu(problem, time_limit))
             report(progress, k + 1, len(distinct), f"stage ILPs {k + 1}/{len(distinct)}")
         return [_translate(solved[p.signature], p) for p in problems]
+
+    def _stage_menu(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
+        """The stage's options: from the cache when the same stage with the same operator
+        seconds was solved before, else from its ILPs (then cached)."""
+        if self.cache is None:
+            return self._solve_stage(problem, time_limit)
+        stage = problem.stage
+        key = digest(
+            [
+                problem.signature,
+                [self.seconds.get(n, 0.0) for n in stage.forward + stage.backward],
+                time_limit,
+                KEEP_FRACTIONS,
+            ]
+        )
+        menu = self.cache.stage_menu(key)
+        if menu is not None:
+            try:
+                return [_option_from_local(problem, o) for o in menu]
+            except (KeyError, IndexError, TypeError, ValueError):
+                pass  # a damaged entry: solve again
+        options = self._solve_stage(problem, time_limit)
+        self.cache.put_stage_menu(key, [_option_to_local(problem, o) for o in options])
+        return options
 
     def _solve_stage(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
         keep_all = keep_all_option(problem)
@@ -180,6 +213,29 @@ class Solver:
         tangents = sum(n.out_bytes for n in self.graph.placeholders("tangent"))
         return self.graph.static_bytes() + self.chain.bytes_of(self.chain.pinned) + tangents
 
+    def _read_cache(self) -> int:
+        """Verified answers from the cache (each lowered and simulated again): their count."""
+        if self.cache is None:
+            return 0
+        read = 0
+        for windows in self.cache.answers():
+            try:
+                if len(windows) != len(self.space.order):
+                    continue
+                self.answers.add(self.schedule_of([list(map(str, w)) for w in windows]))
+                read += 1
+            except (KeyError, TypeError, ValueError, RuntimeError):
+                continue  # not a schedule of this step: ignore it
+        return read
+
+    def _save(self) -> None:
+        """Write what was learned to the cache (answers as windows, labels, menus)."""
+        if self.cache is None:
+            return
+        found = [self.space.windows_of(s) for s in self.answers.points]
+        self.cache.put_answers([w for w in found if w is not None])
+        self.cache.save()
+
     def _read_table(self, cancel: CancelToken | None) -> int:
         """Lower and simulate every distinct schedule the table holds (its budgets are
         conservative and not monotone in what fits, so each is checked, none assumed)."""
@@ -188,6 +244,7 @@ class Solver:
         if lowest is None:
             return 0
         seen: set[tuple] = set()
+        lowered: set[tuple] = set()
         for units in range(lowest, self.table.units + 1):
             steps = self.table.sequence(units)
             key = tuple((s.kind, s.stage, s.option) for s in steps)
@@ -197,9 +254,14 @@ class Solver:
             check_cancel(cancel)
             raw = _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
             windows = self.space.windows_of(raw)
-            if windows is not None:
+            if windows is None:
+                continue
+            windows = self.space.prune(windows)
+            distinct = tuple(tuple(w) for w in windows)
+            if distinct not in lowered:  # several table entries lower to one schedule
+                lowered.add(distinct)
                 self.answers.add(self.schedule_of(windows))
-        return len(seen)
+        return len(lowered)
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -223,14 +285,17 @@ class Solver:
         is small enough), and the fastest schedule found at that peak."""
         if self._minimum is None:
             check_cancel(self.cancel)
-            lowest = self.answers.lowest()
             proven = False
-            if self.refines:
-                refined = self._refiner().leanest(lowest, self.refine_seconds)
+            label = self.cache.label("least") if self.cache else None
+            if label is not None:
+                proven = label[0]
+            elif self.refines:
+                refined = self._refiner().leanest(self.answers.lowest(), self.refine_seconds)
                 self.answers.add(refined.schedule)
-                lowest = refined.schedule
                 proven = refined.optimal
-            self._minimum = self.solve(lowest.predicted_peak_bytes)
+                if self.cache:
+                    self.cache.put_label("least", proven, refined.bound)
+            self._minimum = self.solve(self.answers.lowest().predicted_peak_bytes)
             if not proven and self._minimum.status == "optimal" and self.refines:
                 self._minimum.status = "feasible"  # fastest at this peak, but a lower one?
         return self._copy(self._minimum)
@@ -263,14 +328,21 @@ class Solver:
         return chosen
 
     def _refine(self, budget: int, start: Schedule) -> tuple[str, float]:
-        """Improve on `start` at `budget`; ('optimal', 0) if proven, else ('feasible', gap)."""
-        refined = self._refiner().fastest(budget, start, self.refine_seconds)
-        self.answers.add(refined.schedule)
-        if refined.optimal:
+        """Improve on `start` at `budget` (or recall an earlier run at this budget from the
+        cache); ('optimal', 0) if proven, else ('feasible', gap to the proven bound)."""
+        label = self.cache.label(str(budget)) if self.cache else None
+        if label is None:
+            refined = self._refiner().fastest(budget, start, self.refine_seconds)
+            self.answers.add(refined.schedule)
+            label = (refined.optimal, refined.bound)
+            if self.cache:
+                self.cache.put_label(str(budget), *label)
+                self._save()
+        if label[0]:
             return "optimal", 0.0
         best = self.answers.best_within(budget)
         redo = best.predicted_seconds - self.baseline.predicted_seconds
-        return "feasible", relative_gap(redo, refined.bound)
+        return "feasible", relative_gap(redo, label[1])
 
     def _refiner(self) -> Refiner:
         refiner = Refiner(self.milp, self.schedule_of)
@@ -359,3 +431,34 @@ def _lower(graph: Graph, chain: Chain, options, steps: list[Step], fingerprint: 
     placed = set(order)
     order += [n.name for n in graph.nodes if n.phase == BACKWARD and n.name not in placed]
     return Schedule(fingerprint, saved_by_liveness(graph, order), order)
+
+
+def _option_to_local(problem: StageProblem, option: StageOption) -> dict:
+    """A stage option in the stage's own terms (value and operator positions), as JSON."""
+    position = {name: k for k, name in enumerate(problem.stage.forward)}
+    return {
+        "keep": [problem.index[ref] for ref in option.keep],
+        "redo": [[position[a] for a in step] for step in option.redo],
+        "keep_bytes": option.keep_bytes,
+        "peak_bytes": option.peak_bytes,
+        "redo_seconds": option.redo_seconds,
+        "status": option.status,
+        "gap": option.gap,
+    }
+
+
+def _option_from_local(problem: StageProblem, data: dict) -> StageOption:
+    """The inverse of _option_to_local, for this stage (raises on a damaged entry)."""
+    forward = problem.stage.forward
+    redo = [[forward[int(k)] for k in step] for step in data["redo"]]
+    if len(redo) != len(problem.stage.backward):
+        raise ValueError("stage option for another stage")
+    return StageOption(
+        keep=[problem.values[int(k)] for k in data["keep"]],
+        redo=redo,
+        keep_bytes=int(data["keep_bytes"]),
+        peak_bytes=int(data["peak_bytes"]),
+        redo_seconds=float(data["redo_seconds"]),
+        status=str(data["status"]),
+        gap=float(data["gap"]),
+    )
