@@ -5,6 +5,7 @@ Each test names, in a comment, the deliberate break of the code that it catches 
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -15,9 +16,11 @@ from ir_graphs import StepBuilder, chain_step, random_step
 from explorer.chain import build_chain
 from explorer.errors import UserError
 from explorer.graph import BACKWARD
+from explorer.profile import Profile
 from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
+from explorer.sweep import sweep_budgets
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +204,42 @@ def test_identical_stages_are_solved_once():
     plan.profile()
     setup = plan.solver().setup
     assert setup.distinct_stages < setup.stages
+
+
+# -- the cache beside the profile ------------------------------------------------------------
+
+
+def test_second_solver_on_the_same_profile_reads_the_cache(cnn, tmp_path):
+    # catches: a cache that is written but not read (the second solver would solve its ILPs
+    # again) and one read without checking (answers from another profile)
+    graph, profile = cnn.capture(), cnn.profile()
+    path = tmp_path / "solver_cache.json"
+    first = make_solver("chain", graph, profile, cache=path)
+    front = [p.predicted_peak_bytes for p in sweep_budgets(first, 5)]
+    again = make_solver("chain", graph, profile, cache=path)
+    assert again.setup.ilps == 0
+    assert [p.predicted_peak_bytes for p in sweep_budgets(again, 5)] == front
+    slower = Profile(profile.fingerprint, profile.device, profile.device_name,
+                     {k: 2 * v for k, v in profile.seconds.items()}, {}, graph)  # fmt: skip
+    other = make_solver("chain", graph, slower, cache=path)
+    assert other.setup.ilps > 0 and other.setup.table_schedules > 0
+
+
+def test_damaged_cache_is_ignored_and_rewritten(cnn, tmp_path):
+    # catches: trusting a cache file (a schedule in it could be for another step)
+    path = tmp_path / "solver_cache.json"
+    path.write_text('{"format": 1, "key": "x", "stages": {"k": [{"keep": "zz"}]}, "answers": 7')
+    solver = make_solver("table", cnn.capture(), cnn.profile(), cache=path)
+    assert solver.setup.ilps > 0
+    assert json.loads(path.read_text())["answers"]
+
+
+def test_command_line_sweeps_with_a_named_solver(tmp_path, capsys):
+    # catches: --solver not reaching the planner, and a cache not written beside the profile
+    from explorer.cli import main
+
+    args = ["sweep", "--model", "sample:tiny_cnn", "--batch-size", "2", "--input-size", "8"]
+    assert main([*args, "--points", "3", "--solver", "table", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "front.json").exists() and (tmp_path / "solver_cache.json").exists()
+    assert main([*args, "--solver", "best", "--out", str(tmp_path)]) == 2
+    assert "invalid choice: 'best'" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from explorer.solvers.accounting import StepFacts
 from explorer.solvers.space import Space, Windows
 
 Root = tuple[str, int]
+LEAST_PEAK_TIE = 0.01  # byte units (of `scale`) that all recomputation may add to the peak
 
 
 @dataclass
@@ -75,6 +76,7 @@ class StepMilp:
         self.scale = _byte_scale(facts)
         self.time_unit = max(sum(seconds.get(a, 0.0) for a in space.decisions), 1e-12)
         self.unit = self.time_unit
+        self.slack = 0.0
         self.size = sum(len(c) for c in self.candidates)  # recomputation binaries
         self.prob: pulp.LpProblem | None = None
         self._rows_of: dict[str, list[int]] | None = None
@@ -271,13 +273,20 @@ class StepMilp:
         self.peak.upBound = budget * self.scale
         self.prob.setObjective(self.time_cost)
         self.unit = self.time_unit
+        self.slack = 0.0
 
     def use_least_peak(self) -> None:
-        """Objective: the least peak in bytes (whatever it recomputes)."""
+        """Objective: the least peak in bytes, then the least recomputation (a tie-break
+        worth at most LEAST_PEAK_TIE of the byte unit for the whole step's seconds)."""
         self.build()
         self.peak.upBound = None
-        self.prob.setObjective(self.peak)
+        self.prob.setObjective(self.peak + LEAST_PEAK_TIE / max(self.n, 1) * self.time_cost)
         self.unit = 1 / self.scale
+        self.slack = LEAST_PEAK_TIE / self.scale  # what the tie-break adds at most, in bytes
+
+    def _bound(self, raw: float | None) -> float | None:
+        """A proven bound in the objective's units (the tie-break taken off)."""
+        return None if raw is None else max(0.0, raw * self.unit - self.slack)
 
     def run(
         self,
@@ -295,7 +304,7 @@ class StepMilp:
         if free is not None and start is not None:
             prob = self._neighbourhood(free)
         outcome = cbc.solve(prob, time_limit, warm_start=start is not None, relax=relax)
-        bound = None if outcome.bound is None or free else max(0.0, outcome.bound) * self.unit
+        bound = None if free else self._bound(outcome.bound)
         if not outcome.found:
             return MilpResult(None, False, None, bound)
         windows = None if relax else self.windows()
@@ -306,6 +315,7 @@ class StepMilp:
         """The MILP's least peak for exactly these recomputations (everything else left to
         CBC): it must equal the simulated peak of the lowered schedule."""
         self.use_least_peak()
+        self.prob.setObjective(self.peak)  # the recomputations are fixed: no tie to break
         chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
         for key, x in self.redo.items():
             x.lowBound = x.upBound = 1 if key in chosen else 0
@@ -319,17 +329,22 @@ class StepMilp:
     def _neighbourhood(self, free: range) -> pulp.LpProblem:
         """The model restricted to re-deciding the windows of stages `free`: the storages
         those windows read or make stay free everywhere, with the memory of every stage
-        they appear in; every other variable is fixed to its start value and the rows
-        left without a free variable (the start satisfies them) are dropped."""
+        they appear in; every other variable keeps its start value."""
         stages = set(free) & set(range(self.n))
         touched: set[Root] = set()
         for i in stages:
             touched.update(self.reads[i])
             for a in self.candidates[i]:
                 touched.update(self._touched(a))
-        names: set[str] = {"peak"}
-        names.update(x.name for (i, _), x in self.redo.items() if i in stages)
+        names = {x.name for (i, _), x in self.redo.items() if i in stages}
         names.update(x.name for (i, s), x in self.avail.items() if s in touched)
+        return self._restricted(names, stages, touched)
+
+    def _restricted(self, names: set[str], stages: set[int], touched: set[Root]):
+        """The model with only the binaries `names` free (and the continuous variables of
+        the stages they can change); every other variable is fixed to its start value and
+        the rows left without a free variable (the start satisfies them) are dropped."""
+        names = set(names) | {"peak"}
         busy = stages | {i for (i, s) in self.avail if s in touched}
         busy |= {i - 1 for i in busy}
         names.update(x.name for (i, _), x in self.mem.items() if i in busy)
@@ -351,6 +366,38 @@ class StepMilp:
             )
         )
         return sub
+
+    def relaxation(self, time_limit: float | None) -> tuple[float, dict[str, float]] | None:
+        """The LP relaxation under the current objective: its value (a lower bound for
+        every schedule of the space) and the values of the binaries; None if not solved."""
+        outcome = cbc.solve(self.prob, time_limit, relax=True)
+        if not outcome.found or outcome.objective is None:
+            return None
+        values = {x.name: x.varValue or 0.0 for x in [*self.redo.values(), *self.avail.values()]}
+        return self._bound(outcome.objective), values
+
+    def seconds_of(self, windows: Windows) -> float:
+        """The objective of `budget` solves for these windows: their recomputation seconds
+        (views, which `lower` adds, excepted)."""
+        return sum(self.seconds.get(a, 0.0) for t in self.stages for a in windows[t])
+
+    def run_guided(self, time_limit: float, start: Windows, lp: dict[str, float]) -> MilpResult:
+        """RINS: from `start`, re-decide only the binaries on which the LP relaxation `lp`
+        disagrees with it (by more than 0.1), with everything else fixed."""
+        self.set_start(start)
+        names, stages, touched = set(), set(), set()
+        for (i, _), x in self.redo.items():
+            if abs(lp.get(x.name, 0.0) - (x.varValue or 0.0)) > 0.1:
+                names.add(x.name)
+                stages.add(i)
+        for (_, s), x in self.avail.items():
+            if abs(lp.get(x.name, 0.0) - (x.varValue or 0.0)) > 0.1:
+                names.add(x.name)
+                touched.add(s)
+        outcome = cbc.solve(self._restricted(names, stages, touched), time_limit, warm_start=True)
+        if not outcome.found:
+            return MilpResult(None, False, None, None)
+        return MilpResult(self.windows(), False, (outcome.objective or 0.0) * self.unit, None)
 
     def _rows_with(self, names: set[str]) -> list[pulp.LpConstraint]:
         """The rows that hold any of the variables `names` (the index is built once)."""

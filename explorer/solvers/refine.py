@@ -1,11 +1,14 @@
-"""Improve a schedule with the whole-step MILP when proving the optimum takes too long.
+"""Improve a schedule with the whole-step MILP within a few seconds.
 
-CBC proves small steps optimal in a second, but on a transformer's step its bound moves
-slowly and its own heuristics improve a start slowly. A large-neighbourhood search does
-better there: keep the current schedule's recomputations everywhere except in a window of a
-few consecutive stages, let CBC re-decide that window (and every save), slide the window over
-the step, repeat while it improves. Every candidate is simulated again; only schedules
-that fit the budget by simulation are kept.
+CBC proves small steps optimal in a moment, but on a transformer's or a UNet's step its bound
+moves slowly and its own heuristics improve a start slowly. Three things work better, in
+this order: the LP relaxation, which is a lower bound (it proves a schedule optimal when they
+meet) and a guide: re-deciding only the decisions on which it disagrees with the current
+schedule, everything else fixed (RINS, Danna et al. 2005), finds most of what there is to
+find in one small MILP; then CBC on the whole model from the improved schedule, which may
+prove it optimal; then windows of a few consecutive stages re-decided in turn
+(a large-neighbourhood search) while time remains. Every candidate is simulated again; only
+schedules that fit by simulation are kept.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from explorer.solvers.milp import StepMilp
 from explorer.solvers.space import Windows
 
 WINDOW = 8  # stages re-decided at once
-WHOLE_SHARE = 0.2  # share of the time first given to CBC on the whole model
+WHOLE_SHARE = 0.5  # share of the time left after RINS given to CBC on the whole model
 
 
 @dataclass
 class Refined:
-    """The best schedule found, whether the whole model proved it optimal, and the best
-    proven lower bound on its objective (recomputation seconds, or peak bytes)."""
+    """The best schedule found, whether it is proven optimal (CBC proved it, or it meets
+    the LP bound), and the best proven lower bound on its objective (recomputation seconds
+    of the operators the MILP decides about, or peak bytes)."""
 
     schedule: Schedule
     optimal: bool
@@ -33,7 +37,7 @@ class Refined:
 
 
 class Refiner:
-    """Large-neighbourhood search on one StepMilp (see module docstring)."""
+    """LP, RINS, whole model, windows: the search of the module docstring, on one StepMilp."""
 
     def __init__(self, milp: StepMilp, evaluate: Callable[[Windows], Schedule]) -> None:
         self.milp = milp
@@ -50,7 +54,10 @@ class Refiner:
                 and s.predicted_seconds < best.predicted_seconds * (1 - 1e-9)
             )
 
-        return self._search(start, seconds, lambda: self.milp.use_budget(budget), better)
+        def value(s: Schedule, windows: Windows) -> float:
+            return self.milp.seconds_of(windows)
+
+        return self._search(start, seconds, lambda: self.milp.use_budget(budget), better, value)
 
     def leanest(self, start: Schedule, seconds: float) -> Refined:
         """The least peak, from `start`."""
@@ -58,9 +65,12 @@ class Refiner:
         def better(s: Schedule, best: Schedule) -> bool:
             return s.predicted_peak_bytes < best.predicted_peak_bytes
 
-        return self._search(start, seconds, self.milp.use_least_peak, better)
+        def value(s: Schedule, windows: Windows) -> float:
+            return float(s.predicted_peak_bytes)
 
-    def _search(self, start: Schedule, seconds: float, objective, better) -> Refined:
+        return self._search(start, seconds, self.milp.use_least_peak, better, value)
+
+    def _search(self, start: Schedule, seconds: float, objective, better, value) -> Refined:
         started = time.perf_counter()
         deadline = started + seconds
         milp = self.milp
@@ -68,33 +78,57 @@ class Refiner:
         best = start
         # autograd's own order is outside the space: start from no recomputation in ours
         windows = self.windows_of(start) or milp.space.empty()
-        overrun, bound = 0.0, None
-        if self.whole_share > 0:
-            whole_limit = max(seconds * self.whole_share, 0.05)
-            whole = milp.run(whole_limit, windows)
-            # CBC overruns its limit by what reading, presolving and the root LP take
-            overrun = max(0.0, time.perf_counter() - started - whole_limit)
-            bound = whole.bound
-            if whole.windows is not None:
-                candidate = self.evaluate(whole.windows)
+
+        def take(found) -> None:
+            nonlocal best, windows
+            if found.windows is not None:
+                candidate = self.evaluate(found.windows)
                 if better(candidate, best):
                     best, windows = candidate, self.windows_of(candidate)
-            if whole.optimal:
+
+        def proven(bound: float | None) -> bool:
+            return bound is not None and value(best, windows) <= bound * (1 + 1e-9) + 1e-12
+
+        relaxed = milp.relaxation(max(seconds, 1.0))
+        bound = None if relaxed is None else relaxed[0]
+        if proven(bound):
+            return Refined(best, True, bound)
+        if relaxed is not None:  # RINS again from each better schedule (a new neighbourhood)
+            previous = None
+            while previous is not best and time.perf_counter() < deadline:
+                previous = best
+                left = deadline - time.perf_counter()
+                limit = max(min(left, max(1.0, seconds / 4)), 0.2)
+                take(milp.run_guided(limit, windows, relaxed[1]))
+                if proven(bound):
+                    return Refined(best, True, bound)
+        left = deadline - time.perf_counter()
+        if left > 0.1:
+            whole_limit = max(left * self.whole_share, 0.1)
+            before = time.perf_counter()
+            whole = milp.run(whole_limit, windows)
+            # CBC overruns its limit by what reading, presolving and the root LP take
+            overrun = max(0.0, time.perf_counter() - before - whole_limit)
+            take(whole)
+            if whole.bound is not None:
+                bound = max(bound or 0.0, whole.bound)
+            if whole.optimal or proven(bound):
                 return Refined(best, True, bound)
+            self._windows(deadline, overrun, take, lambda: windows)
+        return Refined(best, proven(bound), bound)
+
+    def _windows(self, deadline: float, overrun: float, take, current) -> None:
+        """Re-decide windows of stages in turn while that improves and time remains."""
         improved = True
         while improved:
             improved = False
-            for first in self._window_starts(windows):
+            for first in self._window_starts(current()):
                 left = deadline - time.perf_counter() - overrun
                 if left < 0.1:
-                    return Refined(best, False, bound)
-                found = milp.run(min(left, 1.0), windows, free=range(first, first + WINDOW))
-                if found.windows is None:
-                    continue
-                candidate = self.evaluate(found.windows)
-                if better(candidate, best):
-                    best, windows, improved = candidate, self.windows_of(candidate), True
-        return Refined(best, False, bound)
+                    return
+                before = current()
+                take(self.milp.run(min(left, 1.0), before, free=range(first, first + WINDOW)))
+                improved = improved or current() is not before
 
     def _window_starts(self, windows: Windows) -> list[int]:
         """First stages of the windows to re-decide, overlapping by half: those where the
