@@ -47,7 +47,7 @@ from explorer.units import format_bytes
 KEEP_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8)
 TABLE_UNITS = 600
 TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
-REFINE_SECONDS = 2.0  # CBC time per budget for the refinement, when the step is small enough
+REFINE_SECONDS = 4.0  # CBC time per budget for the refinement, when the step is small enough
 MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP the refinement takes on
 
 

@@ -35,7 +35,6 @@ from explorer.solvers.accounting import StepFacts
 from explorer.solvers.space import Space, Windows
 
 Root = tuple[str, int]
-LEAST_PEAK_TIE = 0.01  # byte units (of `scale`) that all recomputation may add to the peak
 
 
 @dataclass
@@ -76,7 +75,6 @@ class StepMilp:
         self.scale = _byte_scale(facts)
         self.time_unit = max(sum(seconds.get(a, 0.0) for a in space.decisions), 1e-12)
         self.unit = self.time_unit
-        self.slack = 0.0
         self.size = sum(len(c) for c in self.candidates)  # recomputation binaries
         self.prob: pulp.LpProblem | None = None
         self._rows_of: dict[str, list[int]] | None = None
@@ -273,20 +271,18 @@ class StepMilp:
         self.peak.upBound = budget * self.scale
         self.prob.setObjective(self.time_cost)
         self.unit = self.time_unit
-        self.slack = 0.0
 
     def use_least_peak(self) -> None:
-        """Objective: the least peak in bytes, then the least recomputation (a tie-break
-        worth at most LEAST_PEAK_TIE of the byte unit for the whole step's seconds)."""
+        """Objective: the least peak in bytes (whatever it recomputes: a tie-break on time
+        makes CBC much slower to lower the peak; `fastest` at that peak comes next)."""
         self.build()
         self.peak.upBound = None
-        self.prob.setObjective(self.peak + LEAST_PEAK_TIE / max(self.n, 1) * self.time_cost)
+        self.prob.setObjective(self.peak)
         self.unit = 1 / self.scale
-        self.slack = LEAST_PEAK_TIE / self.scale  # what the tie-break adds at most, in bytes
 
     def _bound(self, raw: float | None) -> float | None:
-        """A proven bound in the objective's units (the tie-break taken off)."""
-        return None if raw is None else max(0.0, raw * self.unit - self.slack)
+        """A proven bound in the objective's units."""
+        return None if raw is None else max(0.0, raw * self.unit)
 
     def run(
         self,
@@ -315,7 +311,6 @@ class StepMilp:
         """The MILP's least peak for exactly these recomputations (everything else left to
         CBC): it must equal the simulated peak of the lowered schedule."""
         self.use_least_peak()
-        self.prob.setObjective(self.peak)  # the recomputations are fixed: no tie to break
         chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
         for key, x in self.redo.items():
             x.lowBound = x.upBound = 1 if key in chosen else 0
