@@ -120,7 +120,7 @@ class Solver:
         self.space = Space(graph, order, pinned)
         self.answers = Answers(self.baseline)
         read = self._read_cache() or self._read_table(cancel)
-        facts = step_facts(graph, order, pinned, profile.workspace)
+        facts = step_facts(graph, order, profile.workspace)
         self.milp = StepMilp(self.space, facts, self.seconds)
         self.refine_seconds = refine_seconds
         self.whole_share = whole_share

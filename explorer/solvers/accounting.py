@@ -24,7 +24,6 @@ class Storage:
 
     root: ValueRef
     nbytes: int
-    members: list[ValueRef] = field(default_factory=list)  # forward values
     made: int = 0  # forward position of the operator that allocates it
     last_forward: int = 0  # last forward position where a member is read (or made)
     held: bool = False  # holds a model output: alive from `made` to the end of the step
@@ -47,36 +46,26 @@ class StepFacts:
     graph: Graph
     order: list[str]  # backward operators
     forward: list[str]  # forward program: forward then effect operators, traced order
-    recomputable: list[str]  # forward operators that may run again, in forward order
     storages: dict[ValueRef, Storage]  # by root
-    storage_of: dict[ValueRef, ValueRef]  # forward value -> root of its forward storage
-    kept_slots: set[ValueRef]  # forward values alive to the end whatever the schedule
     forward_const: list[int]  # per forward position: bytes that do not depend on the schedule
     backward_before: list[int]  # per backward operator: fixed bytes while its window runs
     backward_at: list[int]  # per backward operator: fixed bytes while it runs
     end_bytes: int  # after the last operator, with autograd's gradient layout copy
     workspace: dict[str, int]
 
-    def fixed_floor(self) -> int:
-        """The largest fixed part: no schedule of this space peaks lower."""
-        return max([*self.forward_const, *self.backward_at, self.end_bytes])
-
 
 def step_facts(
-    graph: Graph, order: list[str], pinned: set[str], workspace: dict[str, int] | None = None
+    graph: Graph, order: list[str], workspace: dict[str, int] | None = None
 ) -> StepFacts:
-    """Split the step's memory into fixed parts and forward storages (see module docstring).
-    `pinned` names forward operators that never run again (random draws, model outputs)."""
+    """Split the step's memory into fixed parts and forward storages (see module docstring)."""
     workspace = workspace or {}
     forward = [n.name for n in graph.nodes if n.phase in (FORWARD, EFFECT)]
     fpos = {name: p for p, name in enumerate(forward)}
-    recomputable = [n for n in forward if graph.node(n).phase == FORWARD and n not in pinned]
     owner = storage_owners(graph)
     phase = {n.name: n.phase for n in graph.nodes}
     outputs = {r for r in graph.model_outputs if r is not None}
 
     storages: dict[ValueRef, Storage] = {}
-    storage_of: dict[ValueRef, ValueRef] = {}
     last_read = _last_forward_reads(graph, forward)
     for name in forward:
         for i, meta in enumerate(graph.node(name).outputs):
@@ -89,8 +78,6 @@ def step_facts(
             store = storages.setdefault(
                 root, Storage(root, graph.meta(root).nbytes, made=fpos[root[0]])
             )
-            store.members.append(ref)
-            storage_of[ref] = root
             store.last_forward = max(store.last_forward, last_read.get(ref, fpos[name]))
             store.held = store.held or ref in outputs
 
@@ -112,10 +99,7 @@ def step_facts(
         graph=graph,
         order=order,
         forward=forward,
-        recomputable=recomputable,
         storages=storages,
-        storage_of=storage_of,
-        kept_slots=outputs,
         forward_const=forward_const,
         backward_before=before,
         backward_at=at,
