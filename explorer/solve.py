@@ -49,6 +49,7 @@ TABLE_UNITS = 600
 TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
 REFINE_SECONDS = 4.0  # CBC time per budget for the refinement, when the step is small enough
 MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP the refinement takes on
+REFINE_TOTAL = 60.0  # CBC time one solver spends refining, all budgets together
 
 
 @dataclass
@@ -71,8 +72,9 @@ class Solver:
     """Everything needed to answer "best schedule under B bytes" quickly, for any B.
 
     `refine_seconds` is the CBC time each budget gets to improve the table's answer with
-    the whole-step MILP (0: the table only); the MILP is used only when it has at most
-    `max_refine_size` recomputation binaries, unless `max_refine_size` is None."""
+    the whole-step MILP (0: the table only), `refine_total` what all budgets get together
+    (None: no limit); the MILP is used only when it has at most `max_refine_size`
+    recomputation binaries, unless `max_refine_size` is None."""
 
     name = "chain"
 
@@ -88,6 +90,7 @@ class Solver:
         refine_seconds: float | None = None,
         max_refine_size: int | None = MAX_REFINE_SIZE,
         whole_share: float | None = None,
+        refine_total: float | None = REFINE_TOTAL,
         cache: str | Path | None = None,
     ) -> None:
         self.graph = graph
@@ -123,6 +126,7 @@ class Solver:
         facts = step_facts(graph, order, profile.workspace)
         self.milp = StepMilp(self.space, facts, self.seconds)
         self.refine_seconds = refine_seconds
+        self.refine_left = float("inf") if refine_total is None else refine_total
         self.whole_share = whole_share
         self.refines = refine_seconds > 0 and (
             max_refine_size is None or self.milp.size <= max_refine_size
@@ -289,8 +293,10 @@ class Solver:
             label = self.cache.label("least") if self.cache else None
             if label is not None:
                 proven = label[0]
-            elif self.refines:
-                refined = self._refiner().leanest(self.answers.lowest(), self.refine_seconds)
+            elif self._refine_time() > 0:
+                started = time.perf_counter()
+                refined = self._refiner().leanest(self.answers.lowest(), self._refine_time())
+                self.refine_left -= time.perf_counter() - started
                 self.answers.add(refined.schedule)
                 proven = refined.optimal
                 if self.cache:
@@ -315,10 +321,11 @@ class Solver:
                 f"budget {format_bytes(budget)} is below the feasible minimum "
                 f"{format_bytes(lowest)} ({lowest} bytes)"
             )
+        label = self.cache.label(str(budget)) if self.cache else None
         if start.predicted_seconds <= self.baseline.predicted_seconds:
             status, gap = "optimal", 0.0  # nothing recomputed: nothing can be faster
-        elif self.refines:
-            status, gap = self._refine(budget, start)
+        elif label is not None or self._refine_time() > 0:
+            status, gap = self._refine(budget, start, label)
         else:
             status, gap = "feasible", 1.0
         chosen = self._copy(self.answers.best_within(budget))
@@ -327,12 +334,20 @@ class Solver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
-    def _refine(self, budget: int, start: Schedule) -> tuple[str, float]:
+    def _refine_time(self) -> float:
+        """CBC seconds the next refinement gets (0: none, too little left or too large)."""
+        if not self.refines:
+            return 0.0
+        seconds = min(self.refine_seconds, self.refine_left)
+        return seconds if seconds >= 0.5 else 0.0
+
+    def _refine(self, budget: int, start: Schedule, label) -> tuple[str, float]:
         """Improve on `start` at `budget` (or recall an earlier run at this budget from the
         cache); ('optimal', 0) if proven, else ('feasible', gap to the proven bound)."""
-        label = self.cache.label(str(budget)) if self.cache else None
         if label is None:
-            refined = self._refiner().fastest(budget, start, self.refine_seconds)
+            started = time.perf_counter()
+            refined = self._refiner().fastest(budget, start, self._refine_time())
+            self.refine_left -= time.perf_counter() - started
             self.answers.add(refined.schedule)
             label = (refined.optimal, refined.bound)
             if self.cache:
