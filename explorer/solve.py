@@ -49,7 +49,8 @@ TABLE_UNITS = 600
 TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
 REFINE_SECONDS = 4.0  # CBC time per budget for the refinement, when the step is small enough
 MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP the refinement takes on
-REFINE_TOTAL = 60.0  # CBC time one solver spends refining, all budgets together
+REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
+MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 
 
 @dataclass
@@ -241,29 +242,35 @@ class Solver:
         self.cache.save()
 
     def _read_table(self, cancel: CancelToken | None) -> int:
-        """Lower and simulate every distinct schedule the table holds (its budgets are
-        conservative and not monotone in what fits, so each is checked, none assumed)."""
+        """Lower and simulate the distinct schedules the table holds (its budgets are
+        conservative and not monotone in what fits, so each is checked, none assumed); at
+        most MAX_TABLE_SCHEDULES of them, spread evenly over the table's budgets."""
         self.answers.add(self.schedule_of(self.space.empty()))  # no recomputation, our order
         lowest = self.table.min_units()
         if lowest is None:
             return 0
-        seen: set[tuple] = set()
-        lowered: set[tuple] = set()
+        distinct: dict[tuple, list[Step]] = {}
         for units in range(lowest, self.table.units + 1):
             steps = self.table.sequence(units)
-            key = tuple((s.kind, s.stage, s.option) for s in steps)
-            if key in seen:
-                continue
-            seen.add(key)
+            distinct.setdefault(tuple((s.kind, s.stage, s.option) for s in steps), steps)
+        sequences = list(distinct.values())
+        if len(sequences) > MAX_TABLE_SCHEDULES:
+            last = len(sequences) - 1
+            picks = {
+                round(k * last / (MAX_TABLE_SCHEDULES - 1)) for k in range(MAX_TABLE_SCHEDULES)
+            }
+            sequences = [sequences[k] for k in sorted(picks)]
+        lowered: set[tuple] = set()
+        for steps in sequences:
             check_cancel(cancel)
             raw = _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
             windows = self.space.windows_of(raw)
             if windows is None:
                 continue
             windows = self.space.prune(windows)
-            distinct = tuple(tuple(w) for w in windows)
-            if distinct not in lowered:  # several table entries lower to one schedule
-                lowered.add(distinct)
+            key = tuple(tuple(w) for w in windows)
+            if key not in lowered:  # several table entries lower to one schedule
+                lowered.add(key)
                 self.answers.add(self.schedule_of(windows))
         return len(lowered)
 
