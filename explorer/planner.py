@@ -72,6 +72,7 @@ class Planner:
         self.solver_name = DEFAULT_SOLVER
         self.solver_cache: Path | None = None  # JSON beside the profile: faster re-sweeps
         self._solvers: dict[tuple[str, float | None], StepSolver] = {}
+        self._last_key: tuple[str, float | None] | None = None  # the solver sweeps last used
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -138,6 +139,7 @@ class Planner:
         that sweep() and solve() use from then on."""
         self.solver_name = name or self.solver_name
         key = (self.solver_name, time_limit)
+        self._last_key = key
         if key not in self._solvers:
             profile = self.profile(cancel=cancel)
             graphs = self.capture()
@@ -163,6 +165,13 @@ class Planner:
                 [c.handoff for c in self._captured],
             )
         return self._solvers[key]
+
+    def _prepared(self) -> StepSolver:
+        """The solver last prepared (its baseline and timelines are every solver's), or the
+        default one: exporting after `sweep(time_limit=30)` prepares nothing again."""
+        if self._last_key is not None and self._last_key in self._solvers:
+            return self._solvers[self._last_key]
+        return self.solver()
 
     def _cache_path(self, k: int, graphs: int) -> Path | None:
         """Graph k's solver cache: `solver_cache`, one file per graph when there are several."""
@@ -230,14 +239,14 @@ class Planner:
 
     def baseline(self) -> Schedule:
         """No recomputation: keep what autograd keeps."""
-        schedule = self.solver().baseline.copy()
+        schedule = self._prepared().baseline.copy()
         schedule.context = self
         return schedule
 
     # -- what schedules delegate to ----------------------------------------------------------
 
     def timeline(self, schedule: Schedule) -> Timeline:
-        return self.solver().timeline(schedule.graphs)
+        return self._prepared().timeline(schedule.graphs)
 
     def made_for(self) -> dict:
         """What an exported schedule records about the model and inputs it was made for."""
@@ -259,7 +268,7 @@ class Planner:
             "seed": 0,
             "static_bytes": tensor_bytes([*self.model.parameters(), *self.model.buffers()])
             + tensor_bytes(self.tensors),
-            "baseline_peak_bytes": self.solver().baseline.predicted_peak_bytes,
+            "baseline_peak_bytes": self._prepared().baseline.predicted_peak_bytes,
         }
 
     def export(self, schedule: Schedule, path: str | Path, *, force: bool = False) -> Path:
@@ -272,7 +281,7 @@ class Planner:
             raise UserError("verify on another device: export and run `remat-explorer verify`")
         if path is None:
             path = Path(tempfile.mkdtemp(prefix="remat_")) / "schedule.py"
-        written = self.export(schedule, path, force=True)
+        written = self.export(schedule, path)  # replaces a schedule file, never another file
         return verify(
             written,
             model=self.model,
