@@ -162,9 +162,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     started = time.perf_counter()
     _profile(plan, out)
+    plan.solver_cache = out / "solver_cache.json"
     update, close = _tqdm_progress("stage ILPs")
     try:
-        solver = plan.solver(args.time_limit, progress=update)
+        solver = plan.solver(args.time_limit, progress=update, name=args.solver)
     finally:
         close()
     setup = solver.setup
@@ -277,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--points", type=_points, default=12, help="budgets to solve (at least 2)")
     p.add_argument("--time-limit", type=_seconds, default=None, help="seconds per ILP solve")
+    p.add_argument(
+        "--solver",
+        choices=["chain", "exact", "table"],
+        default="chain",
+        help="chain (default), exact (whole-step MILP, small models), table (fastest)",
+    )
     p.add_argument("--out", required=True, help="folder for profile.json and front.json")
     p.set_defaults(func=cmd_sweep)
 

@@ -31,7 +31,8 @@ from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline
-from explorer.solve import Solver
+from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
+from explorer.solvers.registry import make_solver
 from explorer.step import StepSolver
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
@@ -68,7 +69,10 @@ class Planner:
         self.max_stages = max_stages
         self._captured: list[CapturedGraph] | None = None
         self._profile: StepProfile | None = None
-        self._solvers: dict[float | None, StepSolver] = {}
+        self.solver_name = DEFAULT_SOLVER
+        self.solver_cache: Path | None = None  # JSON beside the profile: faster re-sweeps
+        self._solvers: dict[tuple[str, float | None], StepSolver] = {}
+        self._last_key: tuple[str, float | None] | None = None  # the solver sweeps last used
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -128,31 +132,52 @@ class Planner:
         time_limit: float | None = None,
         progress: ProgressFn | None = None,
         cancel: CancelToken | None = None,
+        name: str | None = None,
     ) -> StepSolver:
-        """The prepared solvers (one per graph), cached per time limit."""
-        if time_limit not in self._solvers:
+        """The prepared solvers (one per graph), cached per name and time limit. `name` picks
+        one of explorer.solvers.registry ("chain", "exact", "table") and makes it the one
+        that sweep() and solve() use from then on."""
+        self.solver_name = name or self.solver_name
+        key = (self.solver_name, time_limit)
+        self._last_key = key
+        if key not in self._solvers:
             profile = self.profile(cancel=cancel)
             graphs = self.capture()
             solvers = [
-                Solver(
+                make_solver(
+                    self.solver_name,
                     graph,
                     graph_profile,
                     time_limit=time_limit,
                     max_stages=self.max_stages,
                     progress=progress,
                     cancel=cancel,
+                    cache=self._cache_path(k, len(graphs)),
                 )
-                for graph, graph_profile in zip(graphs, profile.graphs, strict=True)
+                for k, (graph, graph_profile) in enumerate(zip(graphs, profile.graphs, strict=True))
             ]
             assert self._captured is not None
-            self._solvers[time_limit] = StepSolver(
+            self._solvers[key] = StepSolver(
                 graphs,
                 solvers,
                 self._static_bytes(),
                 [p.workspace for p in profile.graphs],
                 [c.handoff for c in self._captured],
             )
-        return self._solvers[time_limit]
+        return self._solvers[key]
+
+    def _prepared(self) -> StepSolver:
+        """The solver last prepared (its baseline and timelines are every solver's), or the
+        default one: exporting after `sweep(time_limit=30)` prepares nothing again."""
+        if self._last_key is not None and self._last_key in self._solvers:
+            return self._solvers[self._last_key]
+        return self.solver()
+
+    def _cache_path(self, k: int, graphs: int) -> Path | None:
+        """Graph k's solver cache: `solver_cache`, one file per graph when there are several."""
+        if self.solver_cache is None or graphs == 1:
+            return self.solver_cache
+        return self.solver_cache.with_name(f"{self.solver_cache.stem}_g{k + 1}.json")
 
     def _static_bytes(self) -> int:
         """Parameters, buffers, constants and the user's inputs, each storage once."""
@@ -214,14 +239,14 @@ class Planner:
 
     def baseline(self) -> Schedule:
         """No recomputation: keep what autograd keeps."""
-        schedule = self.solver().baseline.copy()
+        schedule = self._prepared().baseline.copy()
         schedule.context = self
         return schedule
 
     # -- what schedules delegate to ----------------------------------------------------------
 
     def timeline(self, schedule: Schedule) -> Timeline:
-        return self.solver().timeline(schedule.graphs)
+        return self._prepared().timeline(schedule.graphs)
 
     def made_for(self) -> dict:
         """What an exported schedule records about the model and inputs it was made for."""
@@ -243,7 +268,7 @@ class Planner:
             "seed": 0,
             "static_bytes": tensor_bytes([*self.model.parameters(), *self.model.buffers()])
             + tensor_bytes(self.tensors),
-            "baseline_peak_bytes": self.solver().baseline.predicted_peak_bytes,
+            "baseline_peak_bytes": self._prepared().baseline.predicted_peak_bytes,
         }
 
     def export(self, schedule: Schedule, path: str | Path, *, force: bool = False) -> Path:
@@ -256,7 +281,7 @@ class Planner:
             raise UserError("verify on another device: export and run `remat-explorer verify`")
         if path is None:
             path = Path(tempfile.mkdtemp(prefix="remat_")) / "schedule.py"
-        written = self.export(schedule, path, force=True)
+        written = self.export(schedule, path)  # replaces a schedule file, never another file
         return verify(
             written,
             model=self.model,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from explorer.errors import UserError
 from explorer.graph import ValueRef
 
 
@@ -143,5 +144,8 @@ class Schedule(_Predicted):
 
     def _planner(self):
         if self.context is None:
-            raise RuntimeError("this schedule is not attached to a Planner; load it through one")
+            raise UserError(
+                "this schedule has no planner (it was read from a saved front): export it "
+                "with `remat-explorer export --front FILE` or explorer.export.write_module"
+            )
         return self.context

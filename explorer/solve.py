@@ -1,27 +1,40 @@
 """Solve for a memory budget: the chain of stages, each distinct stage's ILP options (PuLP +
-CBC), the dynamic program over the chain, and an exact check of the resulting program.
+CBC), the dynamic program over the chain, then the whole-step MILP to refine.
 
-`Solver` does the expensive part once (ILPs and the table for every budget); `solve(budget)`
-then only reads a schedule out of the table, compiles it, and simulates it. The table counts
-memory conservatively; if the exact simulation of a schedule still exceeds the budget (shared
-tensors, rounding), a smaller table budget is tried, so a returned schedule is always within
-budget by the same accounting that `simulate` and the plots use.
+`Solver` does the expensive part once: the stage ILPs, the chain table for every budget,
+and every distinct schedule the table holds, each lowered into the schedule space
+(explorer.solvers.space) and simulated exactly. Those verified schedules form a Pareto set;
+`solve(b)` starts from its fastest member within b and, when the step is small enough for
+the whole-step MILP (explorer.solvers.milp), improves it with CBC for a few seconds
+(explorer.solvers.refine); every result joins the set. So `solve(b)` is never worse than any
+schedule found before within b, the overhead never rises with the budget, the minimum is the
+least simulated peak found, and every returned schedule fits its budget by the same
+accounting as `simulate` and the plots. A schedule is labelled "optimal" only when the whole
+step was proven optimal; otherwise "feasible" with its gap to a proven lower bound (1.0 when
+none was computed: a step too large for the whole-step MILP).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from explorer.chain import Chain, Stage, build_chain
 from explorer.errors import UserError
-from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph, ValueRef
+from explorer.graph import BACKWARD, Graph, ValueRef
 from explorer.profile import Profile
 from explorer.program import baseline_schedule, check_program, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.rotor import ChainTable, Step, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule
 from explorer.simulate import simulate
+from explorer.solvers.accounting import step_facts
+from explorer.solvers.answers import Answers, relative_gap
+from explorer.solvers.cache import SolverCache, digest
+from explorer.solvers.milp import StepMilp
+from explorer.solvers.refine import Refiner
+from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
 from explorer.stage_ilp import (
     StageOption,
     StageProblem,
@@ -34,6 +47,10 @@ from explorer.units import format_bytes
 KEEP_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8)
 TABLE_UNITS = 600
 TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
+REFINE_SECONDS = 4.0  # CBC time per budget for the refinement, when the step is small enough
+MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP the refinement takes on
+REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
+MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 
 
 @dataclass
@@ -47,10 +64,20 @@ class SetupReport:
     table_seconds: float
     worst_gap: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)
+    table_schedules: int = 0  # distinct schedules read out of the table and simulated
+    milp_size: int = 0  # recomputation binaries of the whole-step MILP
+    refines: bool = False  # whether solve() refines with it
 
 
 class Solver:
-    """Everything needed to answer "best schedule under B bytes" quickly, for any B."""
+    """Everything needed to answer "best schedule under B bytes" quickly, for any B.
+
+    `refine_seconds` is the CBC time each budget gets to improve the table's answer with
+    the whole-step MILP (0: the table only), `refine_total` what all budgets get together
+    (None: no limit); the MILP is used only when it has at most `max_refine_size`
+    recomputation binaries, unless `max_refine_size` is None."""
+
+    name = "chain"
 
     def __init__(
         self,
@@ -61,11 +88,26 @@ class Solver:
         max_stages: int = 48,
         progress: ProgressFn | None = None,
         cancel: CancelToken | None = None,
+        refine_seconds: float | None = None,
+        max_refine_size: int | None = MAX_REFINE_SIZE,
+        whole_share: float | None = None,
+        refine_total: float | None = REFINE_TOTAL,
+        cache: str | Path | None = None,
     ) -> None:
         self.graph = graph
         self.profile = profile
         self.seconds = profile.seconds
         self.fingerprint = graph.fingerprint()
+        self.cancel = cancel
+        if refine_seconds is None:
+            refine_seconds = (
+                REFINE_SECONDS if time_limit is None else min(REFINE_SECONDS, time_limit)
+            )
+        settings = [refine_seconds, max_refine_size, whole_share, max_stages, time_limit]
+        self.cache = None
+        if cache is not None:
+            numbers = [sorted(profile.seconds.items()), sorted(profile.workspace.items())]
+            self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
         started = time.perf_counter()
         self.options = self._stage_options(time_limit, progress, cancel)
@@ -77,6 +119,19 @@ class Solver:
         grads = sum(stage.param_grad_bytes for stage in self.chain.stages)
         self.fixed_bytes = graph.static_bytes() + grads  # no schedule can go below this
         self.table = self._build_table()
+        order = backward_order(graph, [stage.backward for stage in self.chain.stages])
+        pinned = {ref[0] for ref in self.chain.pinned}
+        self.space = Space(graph, order, pinned)
+        self.answers = Answers(self.baseline)
+        read = self._read_cache() or self._read_table(cancel)
+        facts = step_facts(graph, order, profile.workspace)
+        self.milp = StepMilp(self.space, facts, self.seconds)
+        self.refine_seconds = refine_seconds
+        self.refine_left = float("inf") if refine_total is None else refine_total
+        self.whole_share = whole_share
+        self.refines = refine_seconds > 0 and (
+            max_refine_size is None or self.milp.size <= max_refine_size
+        )
         flat = [o for opts in self.options for o in opts]
         self.setup = SetupReport(
             stages=len(self.chain.stages),
@@ -86,8 +141,12 @@ class Solver:
             table_seconds=time.perf_counter() - started,
             worst_gap=max((o.gap for o in flat), default=0.0),
             statuses={s: sum(1 for o in flat if o.status == s) for s in {o.status for o in flat}},
+            table_schedules=read,
+            milp_size=self.milp.size,
+            refines=self.refines,
         )
         self._minimum: GraphSchedule | None = None
+        self._save()
 
     # -- preparation -------------------------------------------------------------------------
 
@@ -98,9 +157,33 @@ class Solver:
         self._distinct, self._ilps = len(distinct), 0
         for k, problem in enumerate(distinct):
             check_cancel(cancel)
-            solved[problem.signature] = (problem, self._solve_stage(problem, time_limit))
+            solved[problem.signature] = (problem, self._stage_menu(problem, time_limit))
             report(progress, k + 1, len(distinct), f"stage ILPs {k + 1}/{len(distinct)}")
         return [_translate(solved[p.signature], p) for p in problems]
+
+    def _stage_menu(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
+        """The stage's options: from the cache when the same stage with the same operator
+        seconds was solved before, else from its ILPs (then cached)."""
+        if self.cache is None:
+            return self._solve_stage(problem, time_limit)
+        stage = problem.stage
+        key = digest(
+            [
+                problem.signature,
+                [self.seconds.get(n, 0.0) for n in stage.forward + stage.backward],
+                time_limit,
+                KEEP_FRACTIONS,
+            ]
+        )
+        menu = self.cache.stage_menu(key)
+        if menu is not None:
+            try:
+                return [_option_from_local(problem, o) for o in menu]
+            except (KeyError, IndexError, TypeError, ValueError):
+                pass  # a damaged entry: solve again
+        options = self._solve_stage(problem, time_limit)
+        self.cache.put_stage_menu(key, [_option_to_local(problem, o) for o in options])
+        return options
 
     def _solve_stage(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
         keep_all = keep_all_option(problem)
@@ -135,6 +218,62 @@ class Solver:
         tangents = sum(n.out_bytes for n in self.graph.placeholders("tangent"))
         return self.graph.static_bytes() + self.chain.bytes_of(self.chain.pinned) + tangents
 
+    def _read_cache(self) -> int:
+        """Verified answers from the cache (each lowered and simulated again): their count."""
+        if self.cache is None:
+            return 0
+        read = 0
+        for windows in self.cache.answers():
+            try:
+                if len(windows) != len(self.space.order):
+                    continue
+                self.answers.add(self.schedule_of([list(map(str, w)) for w in windows]))
+                read += 1
+            except (KeyError, TypeError, ValueError, RuntimeError):
+                continue  # not a schedule of this step: ignore it
+        return read
+
+    def _save(self) -> None:
+        """Write what was learned to the cache (answers as windows, labels, menus)."""
+        if self.cache is None:
+            return
+        found = [self.space.windows_of(s) for s in self.answers.points]
+        self.cache.put_answers([w for w in found if w is not None])
+        self.cache.save()
+
+    def _read_table(self, cancel: CancelToken | None) -> int:
+        """Lower and simulate the distinct schedules the table holds (its budgets are
+        conservative and not monotone in what fits, so each is checked, none assumed); at
+        most MAX_TABLE_SCHEDULES of them, spread evenly over the table's budgets."""
+        self.answers.add(self.schedule_of(self.space.empty()))  # no recomputation, our order
+        lowest = self.table.min_units()
+        if lowest is None:
+            return 0
+        distinct: dict[tuple, list[Step]] = {}
+        for units in range(lowest, self.table.units + 1):
+            steps = self.table.sequence(units)
+            distinct.setdefault(tuple((s.kind, s.stage, s.option) for s in steps), steps)
+        sequences = list(distinct.values())
+        if len(sequences) > MAX_TABLE_SCHEDULES:
+            last = len(sequences) - 1
+            picks = {
+                round(k * last / (MAX_TABLE_SCHEDULES - 1)) for k in range(MAX_TABLE_SCHEDULES)
+            }
+            sequences = [sequences[k] for k in sorted(picks)]
+        lowered: set[tuple] = set()
+        for steps in sequences:
+            check_cancel(cancel)
+            raw = _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
+            windows = self.space.windows_of(raw)
+            if windows is None:
+                continue
+            windows = self.space.prune(windows)
+            key = tuple(tuple(w) for w in windows)
+            if key not in lowered:  # several table entries lower to one schedule
+                lowered.add(key)
+                self.answers.add(self.schedule_of(windows))
+        return len(lowered)
+
     # -- answers -----------------------------------------------------------------------------
 
     def evaluate(self, schedule: GraphSchedule) -> GraphSchedule:
@@ -144,60 +283,94 @@ class Solver:
             self.graph, self.profile, schedule, base.predicted_seconds if base else None
         )
 
+    def schedule_of(self, windows: Windows) -> GraphSchedule:
+        """The simulated schedule of a point of the space (useless recomputations dropped)."""
+        return self.evaluate(self.space.lower(self.space.prune(windows), self.fingerprint))
+
+    def known(self) -> list[GraphSchedule]:
+        """Every verified Pareto-optimal schedule found so far (ascending peak)."""
+        return [self._copy(s) for s in self.answers.points]
+
     def minimum(self) -> GraphSchedule:
-        """The leanest schedule found: the table's, or no recomputation if that is leaner."""
+        """The least simulated peak found (searched with the whole-step MILP when the step
+        is small enough), and the fastest schedule found at that peak."""
         if self._minimum is None:
-            lowest = self.table.min_units()
-            found = self._schedule_at(lowest) if lowest is not None else None
-            if found is None or found.predicted_peak_bytes >= self.baseline.predicted_peak_bytes:
-                found = self._copy(self.baseline)
-            self._minimum = found
-        return self._minimum
+            check_cancel(self.cancel)
+            proven = False
+            label = self.cache.label("least") if self.cache else None
+            if label is not None:
+                proven = label[0]
+            elif self._refine_time() > 0:
+                started = time.perf_counter()
+                refined = self._refiner().leanest(self.answers.lowest(), self._refine_time())
+                self.refine_left -= time.perf_counter() - started
+                self.answers.add(refined.schedule)
+                proven = refined.optimal
+                if self.cache:
+                    self.cache.put_label("least", proven, refined.bound)
+            self._minimum = self.solve(self.answers.lowest().predicted_peak_bytes)
+            if not proven and self._minimum.status == "optimal" and self.refines:
+                self._minimum.status = "feasible"  # fastest at this peak, but a lower one?
+        return self._copy(self._minimum)
 
     def solve(self, budget_bytes: int) -> GraphSchedule:
-        """The fastest schedule whose simulated peak is at most `budget_bytes`."""
+        """The fastest schedule found whose simulated peak is at most `budget_bytes`."""
         started = time.perf_counter()
-        if budget_bytes >= self.baseline.predicted_peak_bytes:
-            chosen = self._copy(self.baseline)
+        check_cancel(self.cancel)
+        budget = int(budget_bytes)
+        start = self.answers.best_within(budget)
+        if start is None and self._minimum is None and self.refines:
+            self.minimum()  # searches for lower peaks than the table's
+            start = self.answers.best_within(budget)
+        if start is None:
+            lowest = self.answers.lowest().predicted_peak_bytes
+            raise UserError(
+                f"budget {format_bytes(budget)} is below the feasible minimum "
+                f"{format_bytes(lowest)} ({lowest} bytes)"
+            )
+        label = self.cache.label(str(budget)) if self.cache else None
+        if start.predicted_seconds <= self.baseline.predicted_seconds:
+            status, gap = "optimal", 0.0  # nothing recomputed: nothing can be faster
+        elif label is not None or self._refine_time() > 0:
+            status, gap = self._refine(budget, start, label)
         else:
-            chosen = self._within(budget_bytes)
-        chosen.budget_bytes = int(budget_bytes)
+            status, gap = "feasible", 1.0
+        chosen = self._copy(self.answers.best_within(budget))
+        chosen.status, chosen.gap = status, gap
+        chosen.budget_bytes = budget
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
-    def _within(self, budget: int) -> GraphSchedule:
-        minimum = self.minimum()
-        if minimum.predicted_peak_bytes > budget:
-            raise UserError(
-                f"budget {format_bytes(budget)} is below the feasible minimum "
-                f"{format_bytes(minimum.predicted_peak_bytes)} "
-                f"({minimum.predicted_peak_bytes} bytes)"
-            )
-        lo = self.table.min_units()
-        hi = min(self.table.units, max(lo, (budget - self.context_bytes) // self.table.unit))
-        candidate = self._schedule_at(hi)
-        if candidate.predicted_peak_bytes <= budget:
-            return candidate
-        best = minimum
-        hi -= 1
-        while lo < hi:  # the table over-counts; find the largest table budget that fits
-            mid = (lo + hi + 1) // 2
-            candidate = self._schedule_at(mid)
-            if candidate.predicted_peak_bytes <= budget:
-                best, lo = candidate, mid
-            else:
-                hi = mid - 1
-        return self._copy(best)
+    def _refine_time(self) -> float:
+        """CBC seconds the next refinement gets (0: none, too little left or too large)."""
+        if not self.refines:
+            return 0.0
+        seconds = min(self.refine_seconds, self.refine_left)
+        return seconds if seconds >= 0.5 else 0.0
 
-    def _schedule_at(self, units: int) -> GraphSchedule:
-        steps = self.table.sequence(units)
-        schedule = self.evaluate(
-            _lower(self.graph, self.chain, self.options, steps, self.fingerprint)
-        )
-        used = [self.options[s.stage][s.option] for s in steps if s.kind == "backward"]
-        schedule.gap = max((o.gap for o in used), default=0.0)
-        schedule.status = "optimal" if all(o.status == "optimal" for o in used) else "feasible"
-        return schedule
+    def _refine(self, budget: int, start: GraphSchedule, label) -> tuple[str, float]:
+        """Improve on `start` at `budget` (or recall an earlier run at this budget from the
+        cache); ('optimal', 0) if proven, else ('feasible', gap to the proven bound)."""
+        if label is None:
+            started = time.perf_counter()
+            refined = self._refiner().fastest(budget, start, self._refine_time())
+            self.refine_left -= time.perf_counter() - started
+            self.answers.add(refined.schedule)
+            label = (refined.optimal, refined.bound)
+            if self.cache:
+                self.cache.put_label(str(budget), *label)
+                self._save()
+        if label[0]:
+            return "optimal", 0.0
+        best = self.answers.best_within(budget)
+        redo = best.predicted_seconds - self.baseline.predicted_seconds
+        return "feasible", relative_gap(redo, label[1])
+
+    def _refiner(self) -> Refiner:
+        refiner = Refiner(self.milp, self.schedule_of)
+        if self.whole_share is not None:
+            refiner.whole_share = self.whole_share
+        return refiner
 
     @staticmethod
     def _copy(schedule: GraphSchedule) -> GraphSchedule:
@@ -281,20 +454,35 @@ def _lower(
     # backward operators the chain did not place (none expected) still run, in traced order
     placed = set(order)
     order += [n.name for n in graph.nodes if n.phase == BACKWARD and n.name not in placed]
-    return GraphSchedule(fingerprint, _saved_by_liveness(graph, order), order)
+    return GraphSchedule(fingerprint, saved_by_liveness(graph, order), order)
 
 
-def _saved_by_liveness(graph: Graph, order: list[str]) -> list[ValueRef]:
-    """Forward values the backward reads before (or without) making them again."""
-    made_again: set[ValueRef] = set()
-    saved: list[ValueRef] = []
-    seen: set[ValueRef] = set()
-    for name in order:
-        node = graph.node(name)
-        for ref in node.inputs:
-            producer = graph.node(ref[0])
-            if producer.phase in (FORWARD, EFFECT) and ref not in made_again and ref not in seen:
-                seen.add(ref)
-                saved.append(ref)
-        made_again.update((name, i) for i in range(len(node.outputs)))
-    return saved
+def _option_to_local(problem: StageProblem, option: StageOption) -> dict:
+    """A stage option in the stage's own terms (value and operator positions), as JSON."""
+    position = {name: k for k, name in enumerate(problem.stage.forward)}
+    return {
+        "keep": [problem.index[ref] for ref in option.keep],
+        "redo": [[position[a] for a in step] for step in option.redo],
+        "keep_bytes": option.keep_bytes,
+        "peak_bytes": option.peak_bytes,
+        "redo_seconds": option.redo_seconds,
+        "status": option.status,
+        "gap": option.gap,
+    }
+
+
+def _option_from_local(problem: StageProblem, data: dict) -> StageOption:
+    """The inverse of _option_to_local, for this stage (raises on a damaged entry)."""
+    forward = problem.stage.forward
+    redo = [[forward[int(k)] for k in step] for step in data["redo"]]
+    if len(redo) != len(problem.stage.backward):
+        raise ValueError("stage option for another stage")
+    return StageOption(
+        keep=[problem.values[int(k)] for k in data["keep"]],
+        redo=redo,
+        keep_bytes=int(data["keep_bytes"]),
+        peak_bytes=int(data["peak_bytes"]),
+        redo_seconds=float(data["redo_seconds"]),
+        status=str(data["status"]),
+        gap=float(data["gap"]),
+    )

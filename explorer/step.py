@@ -41,6 +41,10 @@ class StepSetup:
     ilp_seconds: float
     table_seconds: float
     worst_gap: float
+    solver: str = "chain"  # the name in explorer.solvers.registry
+    table_schedules: int = 0  # schedules read out of the chain tables and simulated
+    milp_size: int = 0  # recomputation binaries of the whole-step MILPs
+    refines: bool = False  # whether any graph's answers are refined with its MILP
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -131,6 +135,10 @@ class StepSolver:
             ilp_seconds=sum(p.ilp_seconds for p in parts),
             table_seconds=sum(p.table_seconds for p in parts),
             worst_gap=max(p.worst_gap for p in parts),
+            solver=self.solvers[0].name,
+            table_schedules=sum(p.table_schedules for p in parts),
+            milp_size=sum(p.milp_size for p in parts),
+            refines=any(p.refines for p in parts),
         )
 
     def combine(self, schedules: list[GraphSchedule]) -> Schedule:
@@ -192,6 +200,8 @@ class StepSolver:
                 lo = share
             else:
                 hi = share
+        if best.predicted_seconds > self.baseline.predicted_seconds:
+            best.status, best.gap = "feasible", 1.0  # an equal share is not proven best
         return best
 
     def _at_share(self, share: float) -> Schedule:

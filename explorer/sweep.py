@@ -145,8 +145,11 @@ def _point_from_dict(data: dict) -> FrontPoint:
     )
 
 
+HOLE = 0.10  # a gap between neighbouring front points wider than this share of the range
+
+
 def pareto(points: list[FrontPoint]) -> list[FrontPoint]:
-    """Keep points that no other point beats in both peak and overhead."""
+    """Keep points that no other point beats in both peak and overhead (ascending peak)."""
     kept: list[FrontPoint] = []
     for point in sorted(points, key=lambda p: (p.predicted_peak_bytes, p.predicted_overhead)):
         if not kept or point.predicted_overhead < kept[-1].predicted_overhead - 1e-12:
@@ -162,18 +165,52 @@ def sweep_budgets(
     on_point: Callable[[FrontPoint], None] | None = None,
     cancel: CancelToken | None = None,
 ) -> list[FrontPoint]:
-    """Solve `points` budgets evenly spaced from the feasible minimum to the baseline peak."""
+    """Solve `points` budgets evenly spaced from the feasible minimum to the baseline peak,
+    then up to `points` // 2 more inside the widest holes of the front (wider than HOLE of
+    the range). A hole that remains is real for this solver: asked for a budget just under
+    its upper end, it answers with the point under its lower end."""
     if points < 2:
         raise UserError("a sweep needs at least 2 points")
     low = solver.minimum().predicted_peak_bytes
     high = solver.baseline.predicted_peak_bytes
+    budgets = [int(low + (high - low) * k / (points - 1)) for k in range(points)]
+    total = points + points // 2
     solved: list[FrontPoint] = []
-    for k in range(points):
+    tried: set[int] = set()
+
+    def solve(budget: int) -> FrontPoint:
         check_cancel(cancel)
-        budget = int(low + (high - low) * k / (points - 1))
+        tried.add(budget)
         point = FrontPoint.of(solver.solve(budget))
         solved.append(point)
         if on_point is not None:
             on_point(point)
-        report(progress, k + 1, points, f"budget {format_bytes(budget)}")
+        report(progress, len(solved), total, f"budget {format_bytes(budget)}")
+        return point
+
+    for budget in budgets:
+        solve(budget)
+    for _ in range(points // 2):
+        budget = _hole_budget(pareto(solved), high - low, tried)
+        if budget is None:
+            break
+        solve(budget)
+    report(progress, total, total, "done")
     return pareto(solved)
+
+
+def _hole_budget(front: list[FrontPoint], span: int, tried: set[int]) -> int | None:
+    """A budget inside the widest hole not yet tried: its middle first, then just under its
+    upper end; None when no hole is wider than HOLE of the span."""
+    holes = sorted(
+        zip(front[:-1], front[1:], strict=True),
+        key=lambda pair: pair[0].predicted_peak_bytes - pair[1].predicted_peak_bytes,
+    )
+    for lower, upper in holes:
+        lo, hi = lower.predicted_peak_bytes, upper.predicted_peak_bytes
+        if hi - lo <= HOLE * span:
+            break
+        for budget in ((lo + hi) // 2, hi - 1):
+            if budget not in tried:
+                return budget
+    return None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import planner
 
 import explorer
+from explorer.errors import UserError
 from explorer.verify import _peak_row, compare
 
 
@@ -46,3 +48,35 @@ def test_verify_never_runs_the_file(tmp_path):
     report = explorer.verify(path, model=plan.model, example_inputs=plan.example_inputs)
     assert report.ok, report.format_table()
     assert not marker.exists()
+
+
+def test_verify_to_a_path_never_replaces_another_file(tmp_path):
+    # catches: Schedule.verify(path=...) exporting with force (it replaced any file there)
+    plan = planner("sample:tiny_mlp", 4, None)
+    notes = tmp_path / "notes.py"
+    notes.write_text("# my own code\n")
+    with pytest.raises(UserError):
+        plan.baseline().verify(path=notes)
+    assert notes.read_text() == "# my own code\n"
+    assert plan.baseline().verify(path=tmp_path / "fresh.py").ok
+
+
+def test_a_loaded_front_says_how_to_export_its_schedules(tmp_path):
+    # catches: a RuntimeError (a traceback in the CLI and the dashboard) for a schedule read
+    # back from front.json, which has no planner behind it
+    plan = planner("sample:tiny_mlp", 4, None)
+    plan.sweep(points=2).save(tmp_path / "front.json")
+    schedule = explorer.Front.load(tmp_path / "front.json").points[0].schedule
+    with pytest.raises(UserError, match="write_module"):
+        schedule.export(tmp_path / "s.py")
+
+
+def test_exporting_reuses_the_solver_the_sweep_prepared():
+    # catches: made_for()/baseline() preparing a second solver (stage ILPs and refinement
+    # again) after a sweep with a time limit
+    plan = planner("sample:tiny_mlp", 4, None)
+    front = plan.sweep(points=2, time_limit=5)
+    plan.made_for()
+    plan.baseline().timeline()
+    front.points[0].schedule.timeline()
+    assert list(plan._solvers) == [("chain", 5)]

@@ -1,0 +1,205 @@
+"""Benchmark: how far the default solver is from the exact optimum, budget by budget.
+
+    python bench/optimality.py [--exact-seconds 60] [--points 12] [--models SPEC,...]
+
+For each small model (bench/small_graphs.py): one profile; the default solver's 12-point
+sweep (timed); then at every budget of that front, the exact solver (the whole-step MILP on
+CBC, started from everything the default found, `--exact-seconds` per budget) and the LP
+relaxation's bound. Also both minimum peaks. Overheads are predicted by the same profile
+and re-simulated schedules. Writes bench/results/optimality.json and the "Solver
+optimality" section of docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.small_graphs import SMALL_GRAPHS  # noqa: E402
+from explorer.models import build  # noqa: E402
+from explorer.planner import Planner  # noqa: E402
+from explorer.solvers.refine import lp_bound  # noqa: E402
+from explorer.solvers.registry import make_solver  # noqa: E402
+from explorer.sweep import sweep_budgets  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs" / "BENCHMARKS.md"
+SECTION = "## Solver optimality"
+REL, ABS = 0.05, 0.005  # the goal: within 5% relative or 0.5 percentage points
+
+
+def measure(spec: str, batch: int, size: int, points: int, exact_seconds: float) -> dict:
+    built = build(spec, batch, size)
+    plan = Planner(built.model, built.example_inputs, spec=built.spec)
+    graph, profile = plan.capture()[0], plan.profile().graphs[0]
+    started = time.perf_counter()
+    default = make_solver("chain", graph, profile)
+    front = sweep_budgets(default, points)
+    default_seconds = time.perf_counter() - started
+    default_min = default.minimum()
+    exact = make_solver("exact", graph, profile, time_limit=exact_seconds)
+    for schedule in default.known():
+        exact.answers.add(schedule)
+    base = default.baseline.predicted_seconds
+    fixed = default.fixed_bytes
+    activations = default.baseline.predicted_peak_bytes - fixed
+    rows = []
+    for point in front:
+        budget = point.budget_bytes
+        found = exact.solve(budget)
+        bound = lp_bound(exact.milp, budget, exact_seconds)
+        row = {
+            "budget_bytes": budget,
+            "budget_share": (budget - fixed) / activations,
+            "default_overhead": point.predicted_overhead,
+            "default_status": point.status,
+            "default_gap": point.gap,
+            "default_solve_seconds": point.solve_seconds,
+            "exact_overhead": found.predicted_overhead,
+            "exact_status": found.status,
+            "exact_gap": found.gap,
+            "exact_solve_seconds": found.solve_seconds,
+            "lp_bound_overhead": None if bound is None else bound / base,
+        }
+        row["within_goal"] = _within(row["default_overhead"], row["exact_overhead"])
+        rows.append(row)
+        print(_row_line(spec, row), flush=True)
+    exact_min = exact.minimum()
+    return {
+        "model": spec,
+        "batch_size": batch,
+        "input_size": size,
+        "forward_operators": sum(1 for n in graph.nodes if n.phase == "forward"),
+        "backward_operators": sum(1 for n in graph.nodes if n.phase == "backward"),
+        "milp_binaries": default.milp.size,
+        "baseline_peak_bytes": default.baseline.predicted_peak_bytes,
+        "fixed_bytes": fixed,
+        "default_sweep_seconds": default_seconds,
+        "front_points": len(front),
+        "default_min_peak_bytes": default_min.predicted_peak_bytes,
+        "default_min_share": (default_min.predicted_peak_bytes - fixed) / activations,
+        "exact_min_peak_bytes": exact_min.predicted_peak_bytes,
+        "exact_min_share": (exact_min.predicted_peak_bytes - fixed) / activations,
+        "exact_min_status": exact_min.status,
+        "min_within_2pct": default_min.predicted_peak_bytes
+        <= 1.02 * exact_min.predicted_peak_bytes,
+        "exact_seconds_per_budget": exact_seconds,
+        "rows": rows,
+    }
+
+
+def _within(default: float, exact: float) -> bool:
+    return default <= exact * (1 + REL) + 1e-12 or default - exact <= ABS
+
+
+def _row_line(spec: str, row: dict) -> str:
+    lp = row["lp_bound_overhead"]
+    return (
+        f"{spec:34s} {row['budget_share']:6.3f} default {row['default_overhead']:+8.2%} "
+        f"exact {row['exact_overhead']:+8.2%} ({row['exact_status']}, gap "
+        f"{row['exact_gap']:.0%}) LP {'-' if lp is None else f'{lp:+.2%}'}"
+    )
+
+
+def markdown(results: list[dict]) -> str:
+    """The section of docs/BENCHMARKS.md that this benchmark owns."""
+    lines = [
+        SECTION,
+        "",
+        "Written by `bench/optimality.py` (CPU, one thread; the same profile for both solvers).",
+        "Budgets are those of the default solver's 12-point front, as a share of activation",
+        "memory (peak minus parameters, buffers, inputs and parameter gradients). Overheads are",
+        "predicted recomputation time over the no-recompute step, both schedules simulated by",
+        "`explorer.simulate`. *exact*: the whole-step MILP on CBC from everything the default",
+        "found, `optimal` when CBC proved it, else the gap to its proven bound. *LP*: the LP",
+        "relaxation's bound. Goal: default within 5% relative or 0.5 points of exact.",
+        "",
+    ]
+    lines += [
+        "| model | budgets within goal | least peak, default / exact (bytes) | as share |",
+        "|---|---:|---|---|",
+    ]
+    for r in results:
+        within = sum(row["within_goal"] for row in r["rows"])
+        ratio = r["default_min_peak_bytes"] / r["exact_min_peak_bytes"] - 1
+        lines.append(
+            f"| {r['model']} | {within} of {len(r['rows'])} | {r['default_min_peak_bytes']} / "
+            f"{r['exact_min_peak_bytes']} ({ratio:+.1%}, {r['exact_min_status']}) | "
+            f"{r['default_min_share']:.3f} / {r['exact_min_share']:.3f} |"
+        )
+    lines.append("")
+    for r in results:
+        lines += [
+            f"### {r['model']} (batch {r['batch_size']}, input {r['input_size']})",
+            "",
+            f"{r['forward_operators']} forward and {r['backward_operators']} backward operators, "
+            f"{r['milp_binaries']} recomputation binaries; default sweep "
+            f"{r['default_sweep_seconds']:.1f} s for {r['front_points']} Pareto points, the "
+            f"exact solver {r['exact_seconds_per_budget']:.0f} s per budget.",
+            "",
+            "| budget | default | exact | exact status | LP bound | within goal |",
+            "|---:|---:|---:|---|---:|---|",
+        ]
+        for row in r["rows"]:
+            lp = row["lp_bound_overhead"]
+            status = row["exact_status"]
+            if status != "optimal":
+                status += f", gap {row['exact_gap']:.0%}"
+            lines.append(
+                f"| {row['budget_share']:.3f} | {row['default_overhead']:+.2%} | "
+                f"{row['exact_overhead']:+.2%} | {status} | "
+                f"{'-' if lp is None else f'{lp:+.2%}'} | "
+                f"{'yes' if row['within_goal'] else 'no'} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(text: str, section: str = SECTION) -> None:
+    """Replace one benchmark's section of docs/BENCHMARKS.md (it starts with `section`),
+    keeping the others."""
+    old = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    if section in old:
+        head, rest = old.split(section, 1)
+        tail = rest[rest.find("\n## ") :] if "\n## " in rest else ""
+        new = head + text + tail
+    else:
+        new = old.rstrip("\n") + "\n\n" + text
+    DOCS.write_text(new.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--exact-seconds", type=float, default=60.0)
+    parser.add_argument("--points", type=int, default=12)
+    parser.add_argument("--models", default=",".join(m[0] for m in SMALL_GRAPHS))
+    parser.add_argument(
+        "--rewrite", action="store_true", help="only rewrite the docs from the results file"
+    )
+    args = parser.parse_args()
+    if args.rewrite:
+        write_section(markdown(json.loads((RESULTS / "optimality.json").read_text())))
+        return
+    torch.set_num_threads(1)
+    chosen = args.models.split(",")
+    results = [
+        measure(spec, batch, size, args.points, args.exact_seconds)
+        for spec, batch, size in SMALL_GRAPHS
+        if spec in chosen
+    ]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "optimality.json").write_text(json.dumps(results, indent=1))
+    write_section(markdown(results))
+    print(f"wrote {RESULTS / 'optimality.json'} and {DOCS}")
+
+
+if __name__ == "__main__":
+    main()

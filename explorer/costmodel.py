@@ -1,0 +1,182 @@
+"""Seconds per operator from its arithmetic and its memory traffic, on a device chosen by
+name: plan for a GPU you do not have, or a size this machine cannot run.
+
+Each operator costs `launch + max(flops / flop_rate, bytes / bandwidth)`: the larger of its
+arithmetic at the device's sustained FLOP rate and its reads and writes at the device's
+sustained memory bandwidth (a roofline), plus a fixed launch cost. FLOPs are counted for
+the operators that dominate training (convolutions and their gradients, matrix products,
+attention); everything else is charged as memory traffic. Views move nothing and cost only
+the launch. The rates are the data-sheet peaks times an efficiency that large kernels reach
+in practice; "cpu" is this machine, measured once per process (a matrix product and a copy
+on one thread). `analytic_profile` turns a graph into a Profile the solvers read like a
+measured one; `meta_graph` captures a model on the meta device, so nothing is allocated or
+run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from explorer.errors import UserError
+from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta
+from explorer.profile import Profile
+
+COMPUTE_EFFICIENCY = 0.6  # share of peak FLOPs that large convolutions and products reach
+MEMORY_EFFICIENCY = 0.8  # share of peak bandwidth that streaming kernels reach
+
+
+@dataclass(frozen=True)
+class Device:
+    """Sustained rates of one device (FLOP/s and bytes/s) and its cost per operator."""
+
+    name: str
+    flop_rate: float  # float32
+    half_flop_rate: float  # float16 / bfloat16 (tensor cores where there are any)
+    bandwidth: float
+    launch_seconds: float
+
+
+def _gpu(name: str, fp32: float, half: float, bandwidth: float, launch: float) -> Device:
+    return Device(
+        name, fp32 * COMPUTE_EFFICIENCY, half * COMPUTE_EFFICIENCY,
+        bandwidth * MEMORY_EFFICIENCY, launch,
+    )  # fmt: skip
+
+
+# Data-sheet peaks (dense, no sparsity): FLOP/s float32, float16/bfloat16, bytes/s
+DEVICES: dict[str, Device] = {
+    "p100": _gpu("NVIDIA Tesla P100 SXM2 16 GB", 10.6e12, 21.2e12, 732e9, 6e-6),
+    "v100": _gpu("NVIDIA Tesla V100 SXM2 32 GB", 15.7e12, 125e12, 900e9, 5e-6),
+    "a100": _gpu("NVIDIA A100 SXM4 80 GB", 19.5e12, 312e12, 2039e9, 4e-6),
+    "h100": _gpu("NVIDIA H100 SXM5 80 GB", 67e12, 989e12, 3350e9, 3e-6),
+}
+
+
+def device(name: str) -> Device:
+    """A device by name: one of DEVICES, or "cpu" (this machine, measured)."""
+    key = name.lower()
+    if key == "cpu":
+        return measure_cpu()
+    if key not in DEVICES:
+        raise UserError(f"unknown device {name!r}; choose one of cpu, {', '.join(DEVICES)}")
+    return DEVICES[key]
+
+
+_MEASURED: Device | None = None
+
+
+def measure_cpu() -> Device:
+    """This CPU's rates on one thread: a 512x512 float32 product, a 32 MiB copy, and an
+    addition of two scalars for the per-operator cost (medians of a few runs)."""
+    global _MEASURED
+    if _MEASURED is None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            a = torch.randn(512, 512)
+            flops = 2 * 512**3 / _median(lambda: a @ a)
+            big = torch.empty(8 * 2**20)
+            bandwidth = 2 * big.numel() * 4 / _median(big.clone)
+            one = torch.ones(1)
+            launch = _median(lambda: one + one)
+        finally:
+            torch.set_num_threads(threads)
+        rate = flops * COMPUTE_EFFICIENCY
+        _MEASURED = Device("this CPU (1 thread, measured)", rate, rate, bandwidth, launch)
+    return _MEASURED
+
+
+def _median(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+# -- counting -----------------------------------------------------------------------------
+
+
+def _numel(meta: TensorMeta) -> int:
+    return math.prod(meta.shape)
+
+
+def _itemsize(meta: TensorMeta) -> int:
+    return {"torch.float64": 8, "torch.int64": 8, "torch.float16": 2, "torch.bfloat16": 2,
+            "torch.bool": 1, "torch.uint8": 1, "torch.int8": 1}.get(meta.dtype, 4)  # fmt: skip
+
+
+def node_flops(graph: Graph, node: Node) -> float:
+    """Multiply-adds times two for the operators that do arithmetic in bulk; 0 otherwise."""
+    op = node.target.removeprefix("aten.").split(".")[0]
+    ins = [graph.meta(r) for r in node.inputs]
+    outs = [m for m in node.outputs if m is not None]
+    if op == "convolution" and len(ins) >= 2 and outs:
+        return 2.0 * _numel(outs[0]) * math.prod(ins[1].shape[1:])
+    if op == "convolution_backward" and len(ins) >= 3:
+        grad_out, weight = ins[0], ins[2]
+        per_output = 2.0 * _numel(grad_out) * math.prod(weight.shape[1:])
+        return per_output * sum(1 for m in node.outputs[:2] if m is not None)
+    if op in ("mm", "addmm", "bmm", "baddbmm") and len(ins) >= 2:
+        a, b = ins[-2], ins[-1]
+        return 2.0 * _numel(a) * b.shape[-1]
+    if op.startswith("_scaled_dot_product") and len(ins) >= 3:
+        q, k = ins[0], ins[1]
+        scale = 2.0 if op.endswith("backward") else 1.0
+        return scale * 4.0 * _numel(q) * k.shape[-2]
+    return float(sum(_numel(m) for m in outs))
+
+
+def node_bytes(graph: Graph, node: Node) -> float:
+    """Bytes read and written: every tensor input and every output that owns storage."""
+    read = sum(_numel(graph.meta(r)) * _itemsize(graph.meta(r)) for r in node.inputs)
+    written = sum(_numel(m) * _itemsize(m) for m in node.outputs if m and m.alias_of is None)
+    return float(read + written)
+
+
+def node_seconds(graph: Graph, node: Node, dev: Device) -> float:
+    """The roofline time of one operator on `dev` (see module docstring)."""
+    outs = [m for m in node.outputs if m is not None]
+    if outs and all(m.alias_of is not None for m in outs):
+        return dev.launch_seconds  # a view: metadata only
+    half = any(m.dtype in ("torch.float16", "torch.bfloat16") for m in outs)
+    rate = dev.half_flop_rate if half else dev.flop_rate
+    return dev.launch_seconds + max(
+        node_flops(graph, node) / rate, node_bytes(graph, node) / dev.bandwidth
+    )
+
+
+def analytic_profile(graph: Graph, device_name: str) -> Profile:
+    """A Profile of predicted seconds per operator on the named device (no workspace)."""
+    dev = device(device_name)
+    seconds = {n.name: node_seconds(graph, n, dev) for n in graph.nodes if n.phase != PLACEHOLDER}
+    return Profile(
+        graph.fingerprint(), f"model:{device_name.lower()}", dev.name, seconds, {}, graph
+    )
+
+
+def meta_graph(spec: str, batch_size: int, input_size: int | None = None) -> Graph:
+    """The training step of SPEC's model at any size, captured on the meta device: shapes
+    and sizes only, nothing allocated or run (the model is first built at batch 2 on the CPU
+    to get its example input, then moved to the meta device)."""
+    from explorer.capture import capture
+    from explorer.models import build
+
+    built = build(spec, 2, input_size)
+    model = built.model.to("meta").train()
+    inputs = tuple(
+        torch.zeros((batch_size, *x.shape[1:]), dtype=x.dtype, device="meta")
+        for x in built.example_inputs
+    )
+    graphs = capture(model, inputs)
+    if len(graphs) != 1:
+        raise UserError(
+            f"{spec} traces to {len(graphs)} graphs; the cost model plans one-graph steps only"
+        )
+    return graphs[0].graph

@@ -1,0 +1,1 @@
+"""Solvers chosen by name (see `make_solver`)."""

@@ -1,0 +1,71 @@
+"""What a solver learned about one profiled step, kept as JSON beside the profile, so that
+sweeping the same profile again takes seconds instead of minutes.
+
+Two things are kept: each distinct stage's menu of options (the stage ILPs, the expensive
+part of a large step), keyed by the stage's signature and the seconds of its operators; and
+the verified answers (each schedule as its recomputation windows) with, per solved budget,
+whether it was proven optimal and the proven bound, keyed by the graph, the profile's
+numbers and the solver's settings. Nothing read from the file is trusted: every answer is
+lowered and simulated again before it is used, and a cache written for another graph,
+profile or format is ignored (then overwritten). Plain JSON: never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from explorer.errors import UserError
+from explorer.files import read_json, write_atomic
+
+FORMAT = 1
+
+
+def digest(data: object) -> str:
+    """A short stable hash of JSON-able data."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class SolverCache:
+    """One JSON file; `key` says whose answers these are (graph, profile, solver)."""
+
+    def __init__(self, path: str | Path, key: str) -> None:
+        self.path = Path(path)
+        self.key = key
+        self.data = {"format": FORMAT, "key": key, "stages": {}, "answers": [], "labels": {}}
+        try:
+            loaded = read_json(self.path, what="solver cache")
+        except UserError:
+            return  # absent or unreadable: start afresh, it is only a cache
+        if loaded.get("format") == FORMAT and loaded.get("stages") is not None:
+            self.data["stages"] = dict(loaded["stages"])  # menus do not depend on the key
+            if loaded.get("key") == key:
+                self.data["answers"] = list(loaded.get("answers", []))
+                self.data["labels"] = dict(loaded.get("labels", {}))
+
+    def stage_menu(self, key: str) -> list[dict] | None:
+        menu = self.data["stages"].get(key)
+        return menu if isinstance(menu, list) else None
+
+    def put_stage_menu(self, key: str, menu: list[dict]) -> None:
+        self.data["stages"][key] = menu
+
+    def answers(self) -> list[list[list[str]]]:
+        return [w for w in self.data["answers"] if isinstance(w, list)]
+
+    def put_answers(self, windows: list[list[list[str]]]) -> None:
+        self.data["answers"] = windows
+
+    def label(self, budget: int) -> tuple[bool, float | None] | None:
+        """(proven optimal, proven bound in seconds) of an earlier solve at `budget`."""
+        found = self.data["labels"].get(str(budget))
+        if not isinstance(found, list) or len(found) != 2:
+            return None
+        return bool(found[0]), None if found[1] is None else float(found[1])
+
+    def put_label(self, budget: int, optimal: bool, bound: float | None) -> None:
+        self.data["labels"][str(budget)] = [optimal, bound]
+
+    def save(self) -> None:
+        write_atomic(self.path, json.dumps(self.data))

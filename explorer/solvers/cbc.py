@@ -1,0 +1,69 @@
+"""Run CBC (the binary that ships inside PuLP) and read back what it proved.
+
+PuLP reports whether a solution is optimal or only feasible, but not the lower bound CBC had
+proven when its time limit stopped it; CBC prints that bound in its log, so the log is
+written to a private temporary folder and read here. The bundled CBC (2.10.3) sometimes
+crashes when its time runs out just after it has read a MIP start; such a run counts as one
+that found nothing new (the start is already known to the caller).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulp
+
+
+@dataclass
+class Outcome:
+    """What one CBC run found: a solution (or none), whether it is proven optimal, and the
+    best lower bound on the objective that CBC proved (None: none known)."""
+
+    found: bool
+    optimal: bool
+    objective: float | None
+    bound: float | None
+
+
+def solve(
+    prob: pulp.LpProblem, time_limit: float | None, warm_start: bool = False, relax: bool = False
+) -> Outcome:
+    """Solve `prob` (its LP relaxation if `relax`) with CBC on one thread."""
+    folder = Path(tempfile.mkdtemp(prefix="remat_cbc_"))
+    log_path = folder / "cbc.log"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PuLP 3.3 warns the bundled CBC moves in 4.0
+            solver = pulp.PULP_CBC_CMD(
+                msg=False,
+                timeLimit=time_limit,
+                threads=1,
+                warmStart=warm_start,
+                logPath=str(log_path),
+                mip=not relax,
+                timeMode="elapsed",
+            )
+            solver.tmpDir = str(folder)
+            try:
+                prob.solve(solver)
+            except pulp.PulpSolverError:
+                return Outcome(False, False, None, None)
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    found = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    optimal = prob.sol_status == pulp.LpSolutionOptimal
+    objective = (pulp.value(prob.objective) or 0.0) if found else None
+    bound = objective if optimal else _proven_bound(text)
+    return Outcome(found, optimal, objective, bound)
+
+
+def _proven_bound(log: str) -> float | None:
+    """The 'Lower bound:' CBC prints when it stops before proving optimality."""
+    match = re.search(r"^Lower bound:\s+(-?[0-9.eE+-]+)", log, re.MULTILINE)
+    return float(match.group(1)) if match else None

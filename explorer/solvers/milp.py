@@ -1,0 +1,480 @@
+"""The whole-step MILP: which forward storages to save, and which forward operators to run
+again in each window (explorer.solvers.space), for the least recomputation time under a
+memory budget.
+
+In the spirit of Checkmate (Jain et al. 2020) and MONeT (Shah et al. 2021), but over this
+tool's schedule space and memory accounting (explorer.simulate, restated by
+explorer.solvers.accounting). Decisions are about storages: a view is available exactly when
+the storage it views is (the lowering makes views again as needed). Stage i is the i-th
+backward operator that reads a forward tensor; the backward operators between two such
+stages change no forward storage and only add memory constraints. Variables (CBC via PuLP):
+
+- `redo[i, a]` (binary): allocating forward operator a runs again in window i;
+- `avail[i, s]` (binary): forward storage s is allocated entering stage i (`avail[0, s]`:
+  the forward saves it);
+- `freed[i, s, a]` (in [0, 1]): s is released right after recomputation a of window i
+  (a is its last user there and no later stage needs it);
+- `mem[i, a]`: bytes allocated right after recomputation a of window i.
+
+A read needs its storage available or made earlier in the same window; a storage stays
+available only if it was, or was made again. The bytes after every operator (forward,
+recomputation, backward) are at most `peak`. The count is exact for every schedule of the
+space except those that make a storage again while an older copy is still alive, which it
+over-counts (they are never needed: the older copy could have been used). Every answer is
+lowered to a GraphSchedule and simulated again by the caller; the MILP's count is not trusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulp
+
+from explorer.solvers import cbc
+from explorer.solvers.accounting import StepFacts
+from explorer.solvers.space import Space, Windows
+
+Root = tuple[str, int]
+
+
+@dataclass
+class MilpResult:
+    """A solved (or time-limited) MILP: its windows if a solution was found, the objective
+    and the proven lower bound on it (seconds of recomputation, or bytes of peak)."""
+
+    windows: Windows | None
+    optimal: bool
+    objective: float | None
+    bound: float | None
+
+
+class StepMilp:
+    """The MILP for one step, built once, solved for many budgets or for the least peak."""
+
+    def __init__(self, space: Space, facts: StepFacts, seconds: dict[str, float]) -> None:
+        self.space = space
+        self.facts = facts
+        self.seconds = seconds
+        graph = facts.graph
+        self.position = space.position
+        self.maker: dict[Root, str | None] = {}
+        decisions = set(space.decisions)
+        for root in facts.storages:
+            self.maker[root] = root[0] if root[0] in decisions else None
+        self.ops_reads = {a: self._storage_reads(a) for a in space.decisions}
+        self.ops_makes = {
+            a: [(a, i) for i, m in enumerate(graph.node(a).outputs) if (a, i) in facts.storages]
+            for a in space.decisions
+        }
+        reads = [self._storage_reads(n) for n in space.order]
+        self.stages = [t for t, r in enumerate(space.reading) if r]  # backward positions
+        self.reads = [reads[t] for t in self.stages]
+        self.n = len(self.stages)
+        self.candidates = self._candidates()
+        self.useful = self._useful()
+        self.scale = _byte_scale(facts)
+        self.time_unit = max(sum(seconds.get(a, 0.0) for a in space.decisions), 1e-12)
+        self.unit = self.time_unit
+        self.size = sum(len(c) for c in self.candidates)  # recomputation binaries
+        self.prob: pulp.LpProblem | None = None
+        self._rows_of: dict[str, list[int]] | None = None
+        self._touched_cache: dict[str, set[Root]] = {}
+
+    def build(self) -> None:
+        """Write the model (PuLP); separate from __init__ so `size` can be read first."""
+        if self.prob is None:
+            self._build()
+
+    # -- which variables exist ---------------------------------------------------------------
+
+    def _storage_reads(self, name: str) -> list[Root]:
+        """Forward storages operator `name` reads (those held all step excepted)."""
+        return [r for r in self.space.storage_reads(name) if r in self.facts.storages]
+
+    def _candidates(self) -> list[list[str]]:
+        """Window i may recompute what any stage from i on may need."""
+        out: list[list[str]] = [[] for _ in range(self.n)]
+        acc: set[str] = set()
+        for i in reversed(range(self.n)):
+            stack = [self.maker[s] for s in self.reads[i] if self.maker[s]]
+            while stack:
+                a = stack.pop()
+                if a not in acc:
+                    acc.add(a)
+                    stack.extend(self.maker[s] for s in self.ops_reads[a] if self.maker[s])
+            out[i] = sorted(acc, key=self.position.__getitem__)
+        return out
+
+    def _useful(self) -> list[list[Root]]:
+        """Storages some operator from stage i on may read: only those get `avail[i, s]`."""
+        out: list[list[Root]] = [[] for _ in range(self.n)]
+        acc: set[Root] = set()
+        for i in reversed(range(self.n)):
+            acc.update(self.reads[i])
+            for a in self.candidates[i]:
+                acc.update(self.ops_reads[a])
+            out[i] = sorted(acc)
+        return out
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        prob = pulp.LpProblem("step", pulp.LpMinimize)
+        self.prob = prob
+        self.peak = prob.add_variable("peak", 0)
+        roots = sorted(self.facts.storages)
+        self.rid = {r: k for k, r in enumerate(roots)}
+        opid = {a: k for k, a in enumerate(self.space.decisions)}
+        self.redo = {
+            (i, a): prob.add_variable(f"r{i}_{opid[a]}", cat="Binary")
+            for i in range(self.n)
+            for a in self.candidates[i]
+        }
+        self.avail = {
+            (i, s): prob.add_variable(f"a{i}_{self.rid[s]}", cat="Binary")
+            for i in range(self.n)
+            for s in self.useful[i]
+        }
+        self.freed: dict[tuple[int, Root, str], pulp.LpVariable] = {}
+        self.mem: dict[tuple[int, str], pulp.LpVariable] = {}
+        self._availability()
+        self._forward_memory()
+        self._between_memory()
+        for i in range(self.n):
+            self._stage_memory(i)
+        prob += self.peak >= self.facts.end_bytes * self.scale
+        self.time_cost = pulp.lpSum(
+            self.seconds.get(a, 0.0) / self.time_unit * x for (i, a), x in self.redo.items()
+        )
+
+    def _made(self, i: int, s: Root):
+        a = self.maker[s]
+        return self.redo.get((i, a), 0) if a else 0
+
+    def _availability(self) -> None:
+        prob = self.prob
+        for i in range(self.n):
+            for s in self.reads[i]:
+                prob += self.avail[(i, s)] + self._made(i, s) >= 1
+            for a in self.candidates[i]:
+                for s in self.ops_reads[a]:
+                    prob += self.redo[(i, a)] <= self.avail[(i, s)] + self._made(i, s)
+            if i + 1 < self.n:
+                for s in self.useful[i + 1]:
+                    prob += self.avail[(i + 1, s)] <= self.avail[(i, s)] + self._made(i, s)
+
+    def _state(self, i: int, t: int):
+        """Bytes of forward storages allocated while backward operator t runs, given the
+        storages available entering stage i (nothing but views' holds after the last)."""
+        f, sc = self.facts, self.scale
+        const, terms = 0, []
+        for root, s in f.storages.items():
+            if s.held or not s.nbytes:
+                continue
+            if s.held_in_backward(t):
+                const += s.nbytes
+            elif i < self.n and (i, root) in self.avail:
+                terms.append(s.nbytes * sc * self.avail[(i, root)])
+        return pulp.lpSum(terms) + const * sc
+
+    def _forward_memory(self) -> None:
+        """After forward position p, a storage past its last forward reader costs bytes only
+        if saved; a constraint is implied by a later one with a larger fixed part."""
+        f = self.facts
+        saved = [
+            s
+            for s in f.storages.values()
+            if not s.held and s.nbytes and self.n and (0, s.root) in self.avail
+        ]
+        best_after = -1
+        for p in reversed(range(len(f.forward))):
+            const = f.forward_const[p]
+            if const <= best_after:
+                continue
+            best_after = const
+            late = [s for s in saved if s.last_forward < p]
+            self.prob += (
+                pulp.lpSum(s.nbytes * self.scale * self.avail[(0, s.root)] for s in late)
+                + const * self.scale
+                <= self.peak
+            )
+
+    def _between_memory(self) -> None:
+        """Backward operators without a window run with the storages available entering the
+        next stage (nothing changes them in between)."""
+        f = self.facts
+        nxt = 0
+        for t in range(len(self.space.order)):
+            while nxt < self.n and self.stages[nxt] < t:
+                nxt += 1
+            if nxt < self.n and self.stages[nxt] == t:
+                continue
+            self.prob += self._state(nxt, t) + f.backward_at[t] * self.scale <= self.peak
+
+    def _touched(self, a: str) -> set[Root]:
+        """Storages operator a reads or allocates (cached: the warm start asks often)."""
+        if a not in self._touched_cache:
+            self._touched_cache[a] = set(self.ops_reads[a]) | set(self.ops_makes[a])
+        return self._touched_cache[a]
+
+    def _stage_memory(self, i: int) -> None:
+        """Memory entering stage i, after each recomputation of its window, and at its
+        backward operator (see module docstring)."""
+        f, prob, sc = self.facts, self.prob, self.scale
+        t = self.stages[i]
+        entry = pulp.lpSum(
+            [
+                f.storages[r].nbytes * sc * self.avail[(i, r)]
+                for r in self.useful[i]
+                if f.storages[r].nbytes and not f.storages[r].held_entering(t)
+            ]
+        )
+        entry += (
+            sum(s.nbytes for s in f.storages.values() if not s.held and s.held_entering(t)) * sc
+        )
+        current = entry + f.backward_before[t] * sc
+        read_now = set(self.reads[i])
+        window = self.candidates[i]
+        touchers: dict[Root, list[str]] = {}
+        for a in window:
+            for root in self._touched(a):
+                touchers.setdefault(root, []).append(a)
+        for k, a in enumerate(window):
+            x = self.redo[(i, a)]
+            new = sum(f.storages[r].nbytes for r in self.ops_makes[a])
+            mem = prob.add_variable(f"m{i}_{k}", 0)
+            prob += mem >= current + new * sc * x
+            prob += mem + f.workspace.get(a, 0) * sc * x <= self.peak
+            self.mem[(i, a)] = mem
+            frees = []
+            for root in self._touched(a):
+                s = f.storages[root]
+                if not s.nbytes or root in read_now or s.held_in_backward(t):
+                    continue
+                y = prob.add_variable(f"f{i}_{k}_{self.rid[root]}", 0, 1)
+                prob += y <= x
+                if (i + 1, root) in self.avail:
+                    prob += y <= 1 - self.avail[(i + 1, root)]
+                for later in touchers[root]:
+                    if self.position[later] > self.position[a]:
+                        prob += y <= 1 - self.redo[(i, later)]
+                self.freed[(i, root, a)] = y
+                frees.append(s.nbytes * sc * y)
+            current = mem - pulp.lpSum(frees)
+        prob += current + (f.backward_at[t] - f.backward_before[t]) * sc <= self.peak
+
+    # -- solving -----------------------------------------------------------------------------
+
+    def use_budget(self, budget: int) -> None:
+        """Objective: least recomputation seconds within `budget` bytes."""
+        self.build()
+        self.peak.upBound = budget * self.scale
+        self.prob.setObjective(self.time_cost)
+        self.unit = self.time_unit
+
+    def use_least_peak(self) -> None:
+        """Objective: the least peak in bytes (whatever it recomputes: a tie-break on time
+        makes CBC much slower to lower the peak; `fastest` at that peak comes next)."""
+        self.build()
+        self.peak.upBound = None
+        self.prob.setObjective(self.peak)
+        self.unit = 1 / self.scale
+
+    def _bound(self, raw: float | None) -> float | None:
+        """A proven bound in the objective's units."""
+        return None if raw is None else max(0.0, raw * self.unit)
+
+    def run(
+        self,
+        time_limit: float | None,
+        start: Windows | None = None,
+        free: range | None = None,
+        relax: bool = False,
+    ) -> MilpResult:
+        """Solve under the current objective, from `start` (CBC's MIP start). With `free`
+        (and a start), only the windows of those stages may change: CBC then gets the model
+        with every other decision replaced by its value in `start`."""
+        if start is not None:
+            self.set_start(start)
+        prob = self.prob
+        if free is not None and start is not None:
+            prob = self._neighbourhood(free)
+        outcome = cbc.solve(prob, time_limit, warm_start=start is not None, relax=relax)
+        bound = None if free else self._bound(outcome.bound)
+        if not outcome.found:
+            return MilpResult(None, False, None, bound)
+        windows = None if relax else self.windows()
+        objective = (outcome.objective or 0.0) * self.unit
+        return MilpResult(windows, outcome.optimal and not free, objective, bound)
+
+    def count(self, windows: Windows) -> float | None:
+        """The MILP's least peak for exactly these recomputations (everything else left to
+        CBC): it must equal the simulated peak of the lowered schedule."""
+        self.use_least_peak()
+        chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
+        for key, x in self.redo.items():
+            x.lowBound = x.upBound = 1 if key in chosen else 0
+        try:
+            outcome = cbc.solve(self.prob, None)
+        finally:
+            for x in self.redo.values():
+                x.lowBound, x.upBound = 0, 1
+        return None if outcome.objective is None else outcome.objective * self.unit
+
+    def _neighbourhood(self, free: range) -> pulp.LpProblem:
+        """The model restricted to re-deciding the windows of stages `free`: the storages
+        those windows read or make stay free everywhere, with the memory of every stage
+        they appear in; every other variable keeps its start value."""
+        stages = set(free) & set(range(self.n))
+        touched: set[Root] = set()
+        for i in stages:
+            touched.update(self.reads[i])
+            for a in self.candidates[i]:
+                touched.update(self._touched(a))
+        names = {x.name for (i, _), x in self.redo.items() if i in stages}
+        names.update(x.name for (i, s), x in self.avail.items() if s in touched)
+        return self._restricted(names, stages, touched)
+
+    def _restricted(self, names: set[str], stages: set[int], touched: set[Root]):
+        """The model with only the binaries `names` free (and the continuous variables of
+        the stages they can change); every other variable is fixed to its start value and
+        the rows left without a free variable (the start satisfies them) are dropped."""
+        names = set(names) | {"peak"}
+        busy = stages | {i for (i, s) in self.avail if s in touched}
+        busy |= {i - 1 for i in busy}
+        names.update(x.name for (i, _), x in self.mem.items() if i in busy)
+        names.update(x.name for (i, s, _), x in self.freed.items() if i in stages or s in touched)
+        sub = pulp.LpProblem("window", pulp.LpMinimize)
+        for row in self._rows_with(names):
+            terms, constant = {}, row.constant
+            for x, coef in row.items():
+                if x.name in names:
+                    terms[x] = coef
+                else:
+                    constant += coef * (x.varValue or 0.0)
+            sub += pulp.LpConstraint(pulp.LpAffineExpression(terms, constant), row.sense)
+        objective = self.prob.objective
+        sub.setObjective(
+            pulp.LpAffineExpression(
+                {x: c for x, c in objective.items() if x.name in names},
+                sum(c * (x.varValue or 0.0) for x, c in objective.items() if x.name not in names),
+            )
+        )
+        return sub
+
+    def relaxation(self, time_limit: float | None) -> tuple[float, dict[str, float]] | None:
+        """The LP relaxation under the current objective: its value (a lower bound for
+        every schedule of the space) and the values of the binaries; None if not solved."""
+        outcome = cbc.solve(self.prob, time_limit, relax=True)
+        if not outcome.found or outcome.objective is None:
+            return None
+        values = {x.name: x.varValue or 0.0 for x in [*self.redo.values(), *self.avail.values()]}
+        return self._bound(outcome.objective), values
+
+    def seconds_of(self, windows: Windows) -> float:
+        """The objective of `budget` solves for these windows: their recomputation seconds
+        (views, which `lower` adds, excepted)."""
+        return sum(self.seconds.get(a, 0.0) for t in self.stages for a in windows[t])
+
+    def run_guided(self, time_limit: float, start: Windows, lp: dict[str, float]) -> MilpResult:
+        """RINS: from `start`, re-decide only the binaries on which the LP relaxation `lp`
+        disagrees with it (by more than 0.1), with everything else fixed."""
+        self.set_start(start)
+        names, stages, touched = set(), set(), set()
+        for (i, _), x in self.redo.items():
+            if abs(lp.get(x.name, 0.0) - (x.varValue or 0.0)) > 0.1:
+                names.add(x.name)
+                stages.add(i)
+        for (_, s), x in self.avail.items():
+            if abs(lp.get(x.name, 0.0) - (x.varValue or 0.0)) > 0.1:
+                names.add(x.name)
+                touched.add(s)
+        outcome = cbc.solve(self._restricted(names, stages, touched), time_limit, warm_start=True)
+        if not outcome.found:
+            return MilpResult(None, False, None, None)
+        return MilpResult(self.windows(), False, (outcome.objective or 0.0) * self.unit, None)
+
+    def _rows_with(self, names: set[str]) -> list[pulp.LpConstraint]:
+        """The rows that hold any of the variables `names` (the index is built once)."""
+        rows = self.prob.constraints()
+        if self._rows_of is None:
+            self._rows_of = {}
+            for k, row in enumerate(rows):
+                for x in row:
+                    self._rows_of.setdefault(x.name, []).append(k)
+        picked = sorted({k for name in names for k in self._rows_of.get(name, ())})
+        return [rows[k] for k in picked]
+
+    def windows(self) -> Windows:
+        """The recomputations of the current solution, as windows of the space."""
+        windows = self.space.empty()
+        for i, t in enumerate(self.stages):
+            windows[t] = [a for a in self.candidates[i] if (self.redo[(i, a)].value() or 0) > 0.5]
+        return windows
+
+    # -- warm start --------------------------------------------------------------------------
+
+    def set_start(self, windows: Windows) -> None:
+        """Give every variable the value the schedule `windows` implies (CBC's MIP start)."""
+        chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
+        for key, x in self.redo.items():
+            x.setInitialValue(1 if key in chosen else 0)
+        avail = self._available_entering(windows)
+        for key, x in self.avail.items():
+            x.setInitialValue(1 if key in avail else 0)
+        for i in range(self.n):
+            self._start_stage(i, chosen, avail)
+        if self.peak.upBound is not None:
+            self.peak.setInitialValue(self.peak.upBound)
+
+    def _available_entering(self, windows: Windows) -> set[tuple[int, Root]]:
+        """(i, s) where storage s is read at or after stage i from a copy made before it."""
+        made_at: dict[Root, int] = {s: -1 for s in self.facts.storages}
+        last: dict[tuple[Root, int], int] = {}
+        for i, t in enumerate(self.stages):
+            for a in windows[t]:
+                for s in self.ops_reads[a]:
+                    last[(s, made_at[s])] = i
+                for s in self.ops_makes[a]:
+                    made_at[s] = i
+            for s in self.reads[i]:
+                last[(s, made_at[s])] = i
+        return {
+            (i, s)
+            for (s, made), read in last.items()
+            for i in range(made + 1, read + 1)
+            if (i, s) in self.avail
+        }
+
+    def _start_stage(self, i: int, chosen, avail) -> None:
+        f, sc = self.facts, self.scale
+        t = self.stages[i]
+        current = f.backward_before[t] * sc
+        for root, s in f.storages.items():
+            if s.held or not s.nbytes:
+                continue
+            if s.held_entering(t) or (i, root) in avail:
+                current += s.nbytes * sc
+        window = self.candidates[i]
+        for a in window:
+            x = 1 if (i, a) in chosen else 0
+            current += sum(f.storages[r].nbytes for r in self.ops_makes[a]) * sc * x
+            self.mem[(i, a)].setInitialValue(current)
+            for root in self._touched(a):
+                y = self.freed.get((i, root, a))
+                if y is None:
+                    continue
+                later = any(
+                    (i, b) in chosen and self.position[b] > self.position[a]
+                    for b in window
+                    if root in self._touched(b)
+                )
+                free = bool(x) and not later and (i + 1, root) not in avail
+                y.setInitialValue(1 if free else 0)
+                current -= f.storages[root].nbytes * sc * (1 if free else 0)
+
+
+def _byte_scale(facts: StepFacts) -> float:
+    """A power of two that brings the largest byte count near 2**12 (exact in floating point)."""
+    largest = max([facts.end_bytes, *facts.forward_const, *facts.backward_at, 1])
+    return 2.0 ** -(max(0, largest.bit_length() - 12))

@@ -1,0 +1,60 @@
+"""Solvers chosen by name: the command line's `--solver`, `Planner.solver(name=...)`, the
+benchmarks and the tests all build them here.
+
+- "chain" (the default): the chain of stages and its table, refined per budget for a few
+  seconds (explorer.solve.REFINE_TOTAL for all budgets of one graph together) with the
+  whole-step MILP when the step is small enough for it.
+- "exact": the whole-step MILP on CBC for every budget (`time_limit` seconds each, 60 by
+  default), whatever the size, started from the chain's answer: the reference.
+- "table": the chain table's schedules only, no MILP (the fastest; what large steps get).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from explorer.errors import UserError
+from explorer.graph import Graph
+from explorer.profile import Profile
+from explorer.solve import Solver
+
+EXACT_SECONDS = 60.0
+
+
+def _chain(graph: Graph, profile: Profile, time_limit: float | None, **kw) -> Solver:
+    return Solver(graph, profile, time_limit=time_limit, **kw)
+
+
+def _exact(graph: Graph, profile: Profile, time_limit: float | None, **kw) -> Solver:
+    seconds = EXACT_SECONDS if time_limit is None else time_limit
+    solver = Solver(
+        graph,
+        profile,
+        refine_seconds=seconds,
+        refine_total=None,
+        max_refine_size=None,
+        whole_share=0.5,
+        **kw,
+    )
+    solver.name = "exact"
+    return solver
+
+
+def _table(graph: Graph, profile: Profile, time_limit: float | None, **kw) -> Solver:
+    solver = Solver(graph, profile, time_limit=time_limit, refine_seconds=0.0, **kw)
+    solver.name = "table"
+    return solver
+
+
+SOLVERS: dict[str, Callable[..., Solver]] = {"chain": _chain, "exact": _exact, "table": _table}
+DEFAULT = "chain"
+
+
+def make_solver(
+    name: str, graph: Graph, profile: Profile, *, time_limit: float | None = None, **kw
+) -> Solver:
+    """The solver called `name` for this step (see module docstring); `kw` goes to Solver
+    (max_stages, progress, cancel)."""
+    if name not in SOLVERS:
+        raise UserError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}")
+    return SOLVERS[name](graph, profile, time_limit, **kw)

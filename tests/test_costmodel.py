@@ -1,0 +1,90 @@
+"""The analytic cost model and planning on the meta device (nothing allocated or run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import planner
+
+from explorer.costmodel import (
+    DEVICES,
+    analytic_profile,
+    meta_graph,
+    node_bytes,
+    node_flops,
+    node_seconds,
+)
+from explorer.errors import UserError
+from explorer.solvers.registry import make_solver
+from explorer.sweep import sweep_budgets
+
+
+@pytest.fixture(scope="module")
+def cnn_graph():
+    return meta_graph("sample:tiny_cnn", 2, 8)
+
+
+def _first(graph, target):
+    return next(n for n in graph.nodes if n.target == target)
+
+
+def test_meta_capture_is_the_graph_the_real_capture_gives(cnn_graph):
+    # catches: planning on the meta device for another graph than the one that will run
+    real = planner("sample:tiny_cnn", 2, 8).capture()[0]
+    assert cnn_graph.fingerprint() == real.fingerprint()
+
+
+def test_flops_of_a_convolution_and_its_gradient(cnn_graph):
+    # catches: counting a convolution by its input or output alone (no kernel volume), and
+    # a gradient counted once where it makes both the input and the weight gradients
+    conv = _first(cnn_graph, "aten.convolution.default")
+    x, w = (cnn_graph.meta(r) for r in conv.inputs[:2])
+    out = conv.outputs[0]
+    assert w.shape == (16, 3, 3, 3) and x.shape == (2, 3, 8, 8)
+    assert node_flops(cnn_graph, conv) == 2 * math.prod(out.shape) * 3 * 3 * 3
+    grads = [
+        n
+        for n in cnn_graph.nodes
+        if n.target == "aten.convolution_backward.default"
+        and all(m is not None for m in n.outputs[:2])
+    ]
+    grad = grads[0]
+    weight = cnn_graph.meta(grad.inputs[2])
+    expected = 2 * 2 * math.prod(cnn_graph.meta(grad.inputs[0]).shape) * math.prod(weight.shape[1:])
+    assert node_flops(cnn_graph, grad) == expected
+
+
+def test_roofline_picks_the_binding_resource(cnn_graph):
+    # catches: adding compute and memory time (or ignoring one of them)
+    dev = DEVICES["a100"]
+    for node in cnn_graph.nodes:
+        if node.phase == "placeholder" or not node.outputs or node.outputs[0] is None:
+            continue
+        if node.outputs[0].alias_of is not None:
+            assert node_seconds(cnn_graph, node, dev) == dev.launch_seconds
+            continue
+        compute = node_flops(cnn_graph, node) / dev.flop_rate
+        memory = node_bytes(cnn_graph, node) / dev.bandwidth
+        assert node_seconds(cnn_graph, node, dev) == pytest.approx(
+            dev.launch_seconds + max(compute, memory)
+        )
+
+
+def test_faster_devices_predict_faster_steps_and_plans_run_on_them(cnn_graph):
+    # catches: a device table read by the wrong key, a profile the solver cannot use
+    totals = {
+        name: sum(analytic_profile(cnn_graph, name).seconds.values())
+        for name in ("p100", "a100", "h100")
+    }
+    assert totals["h100"] < totals["a100"] < totals["p100"]
+    profile = analytic_profile(cnn_graph, "h100")
+    assert set(profile.seconds) == {n.name for n in cnn_graph.nodes if n.phase != "placeholder"}
+    solver = make_solver("table", cnn_graph, profile)
+    front = sweep_budgets(solver, 4)
+    assert front[-1].predicted_overhead == 0.0
+
+
+def test_unknown_device_is_one_clear_error(cnn_graph):
+    with pytest.raises(UserError, match="unknown device 'tpu'"):
+        analytic_profile(cnn_graph, "tpu")
