@@ -21,11 +21,18 @@ from explorer.errors import UserError
 from explorer.graph import ValueRef
 
 
+@dataclass(kw_only=True)
 class _Predicted:
-    """What both kinds of plan say about time: predicted and no-recompute seconds."""
+    """What both kinds of plan carry about the solve: predicted peak and seconds, the
+    no-recompute seconds, the budget asked for and the solver's label."""
 
-    predicted_seconds: float
-    baseline_seconds: float
+    predicted_peak_bytes: int = 0
+    predicted_seconds: float = 0.0
+    baseline_seconds: float = 0.0
+    budget_bytes: int | None = None
+    status: str = "optimal"
+    gap: float = 0.0
+    solve_seconds: float = 0.0
 
     @property
     def predicted_overhead(self) -> float:
@@ -33,6 +40,17 @@ class _Predicted:
         if self.baseline_seconds <= 0:
             return 0.0
         return self.predicted_seconds / self.baseline_seconds - 1.0
+
+    def _predicted_dict(self) -> dict:
+        return {
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_seconds": self.predicted_seconds,
+            "baseline_seconds": self.baseline_seconds,
+            "budget_bytes": self.budget_bytes,
+            "status": self.status,
+            "gap": self.gap,
+            "solve_seconds": self.solve_seconds,
+        }
 
 
 @dataclass
@@ -42,13 +60,6 @@ class GraphSchedule(_Predicted):
     fingerprint: str  # of the graph it was made for (explorer.graph.Graph.fingerprint)
     saved: list[ValueRef]
     backward: list[str]
-    predicted_peak_bytes: int = 0
-    predicted_seconds: float = 0.0
-    baseline_seconds: float = 0.0
-    budget_bytes: int | None = None
-    status: str = "optimal"
-    gap: float = 0.0
-    solve_seconds: float = 0.0
     recomputed: list[str] = field(default_factory=list)
     structure: str = ""  # the graph's shape-free structure hash (Graph.structure)
 
@@ -58,13 +69,7 @@ class GraphSchedule(_Predicted):
             "structure": self.structure,
             "saved": [list(r) for r in self.saved],
             "backward": list(self.backward),
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "predicted_seconds": self.predicted_seconds,
-            "baseline_seconds": self.baseline_seconds,
-            "budget_bytes": self.budget_bytes,
-            "status": self.status,
-            "gap": self.gap,
-            "solve_seconds": self.solve_seconds,
+            **self._predicted_dict(),
             "recomputed": list(self.recomputed),
         }
 
@@ -81,13 +86,6 @@ class Schedule(_Predicted):
     """A whole training step's plan: one GraphSchedule per captured graph, in capture order."""
 
     graphs: list[GraphSchedule]
-    predicted_peak_bytes: int = 0
-    predicted_seconds: float = 0.0
-    baseline_seconds: float = 0.0
-    budget_bytes: int | None = None
-    status: str = "optimal"
-    gap: float = 0.0
-    solve_seconds: float = 0.0
     context: object | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -109,13 +107,7 @@ class Schedule(_Predicted):
     def to_dict(self) -> dict:
         return {
             "graphs": [g.to_dict() for g in self.graphs],
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "predicted_seconds": self.predicted_seconds,
-            "baseline_seconds": self.baseline_seconds,
-            "budget_bytes": self.budget_bytes,
-            "status": self.status,
-            "gap": self.gap,
-            "solve_seconds": self.solve_seconds,
+            **self._predicted_dict(),
         }
 
     @classmethod
