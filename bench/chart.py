@@ -7,13 +7,14 @@ step (MiB), y the step time over eager's (median of the interleaved rounds). Our
 predicted points are a line, our measured points markers (a faint dotted segment joins
 each to its prediction), and each of PyTorch's tools (eager, checkpoint per block,
 checkpoint_sequential, torch.compile at each activation_memory_budget) a labelled marker of
-its own. Writes <docs>/front_<model>_b<batch>_s<size>.html and .png.
+its own. Writes one <docs>/fronts.html with every figure, and
+<docs>/front_<model>_b<batch>_s<size>.png for each.
 
-The HTML carries plotly.js inside it (`include_plotlyjs=True`, about 4.8 MB a file) so that
-it opens offline and on its own, wherever it is copied; "cdn" would need the network, and
-"directory" would add a shared plotly.min.js beside the docs that every page depends on.
-The PNG is a screenshot of that HTML in headless Chromium (Python playwright driving the
-system's `chromium`; nothing downloaded, kaleido not needed); without them, HTML only.
+The HTML carries plotly.js once (about 4.8 MB) so that it opens offline and on its own; "cdn"
+would need the network, and a file per model would repeat plotly.js in each. Each PNG is a
+screenshot of that figure alone, in a temporary HTML file, in headless Chromium (Python
+playwright driving the system's `chromium`; nothing downloaded, kaleido not needed); without
+them, HTML only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -258,19 +260,28 @@ def main() -> None:
     if not paths:
         parser.error(f"no results: run bench/front.py first (looked in {RESULTS})")
     args.docs.mkdir(parents=True, exist_ok=True)
-    for path in paths:
-        data = load(path)
-        fig = figure(data)
-        html = args.docs / f"{stem(data)}.html"
-        fig.write_html(html, include_plotlyjs=True, full_html=True)
-        print(f"wrote {html}")
-        if args.no_png:
-            continue
-        png = html.with_suffix(".png")
-        if write_png(html, png):
+    charts = [(stem(data), figure(data)) for data in map(load, paths)]
+    html = args.docs / "fronts.html"
+    parts = [
+        fig.to_html(include_plotlyjs=k == 0, full_html=False, div_id=name)
+        for k, (name, fig) in enumerate(charts)
+    ]
+    html.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>remat-explorer fronts</title>"
+        "</head><body>" + "\n".join(parts) + "</body></html>\n"
+    )
+    print(f"wrote {html}")
+    if args.no_png:
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        for name, fig in charts:
+            alone = Path(folder) / f"{name}.html"
+            fig.write_html(alone, include_plotlyjs=True, full_html=True)
+            png = args.docs / f"{name}.png"
+            if not write_png(alone, png):
+                print("no PNG: needs Python playwright and a chromium on PATH")
+                return
             print(f"wrote {png}")
-        else:
-            print("no PNG: needs Python playwright and a chromium on PATH")
 
 
 if __name__ == "__main__":

@@ -196,7 +196,12 @@ def main() -> None:
         if spec in chosen
     ]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "optimality.json").write_text(json.dumps(results, indent=1))
+    path = RESULTS / "optimality.json"
+    if path.exists():  # models not measured this time keep their earlier rows, in order
+        fresh = {r["model"]: r for r in results}
+        earlier = json.loads(path.read_text())
+        results = [fresh.pop(r["model"], r) for r in earlier] + list(fresh.values())
+    path.write_text(json.dumps(results, indent=1))
     write_section(markdown(results))
     print(f"wrote {RESULTS / 'optimality.json'} and {DOCS}")
 

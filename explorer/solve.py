@@ -51,6 +51,8 @@ REFINE_SECONDS = 4.0  # CBC time per budget for the refinement, when the step is
 MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP the refinement takes on
 REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
+STAGE_SECONDS = 5.0  # CBC time per stage ILP when no time limit is given (a rare hard one
+# took 50 s on resnet50; stopped early it is labelled with its gap, and the table still holds)
 
 
 @dataclass
@@ -110,7 +112,8 @@ class Solver:
             self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
         started = time.perf_counter()
-        self.options = self._stage_options(time_limit, progress, cancel)
+        stage_limit = STAGE_SECONDS if time_limit is None else time_limit
+        self.options = self._stage_options(stage_limit, progress, cancel)
         _output_overlap(self.chain, self.options)
         ilp_seconds = time.perf_counter() - started
         started = time.perf_counter()
