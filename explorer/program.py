@@ -10,6 +10,7 @@ all earlier, so it is already free).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from explorer.graph import BACKWARD, EFFECT, FORWARD, PLACEHOLDER, ROLE_TANGENT, Graph, ValueRef
@@ -174,23 +175,24 @@ def prune(graph: Graph, schedule: GraphSchedule) -> GraphSchedule:
     forward = {n.name for n in graph.nodes if n.phase == FORWARD}
     return replace(
         schedule,
-        saved=_read_before_made(graph, kept, forward),
+        saved=read_before_made(graph, kept, forward),
         backward=kept,
         recomputed=list(dict.fromkeys(n for n in kept if n in forward)),
     )
 
 
-def _read_before_made(graph: Graph, order: list[str], forward: set[str]) -> list[ValueRef]:
-    """Forward values that `order` reads before (or without) making them again."""
+def read_before_made(graph: Graph, order: list[str], forward: Collection[str]) -> list[ValueRef]:
+    """Values made by `forward` operators that `order` reads before (or without) making them
+    again: what a schedule with that backward order must save."""
     made_again: set[ValueRef] = set()
-    saved: list[ValueRef] = []
+    saved: dict[ValueRef, None] = {}  # ordered, and a set for the membership test
     for name in order:
         for ref in graph.node(name).inputs:
-            if ref[0] in forward and ref not in made_again and ref not in saved:
-                saved.append(ref)
+            if ref[0] in forward and ref not in made_again:
+                saved.setdefault(ref)
         if name in forward:
             made_again.update((name, i) for i in range(len(graph.node(name).outputs)))
-    return saved
+    return list(saved)
 
 
 def _forward_needed(graph: Graph, saved: set[ValueRef]) -> set[str]:
@@ -241,13 +243,9 @@ def _first_unready(instrs: list[Instr], live: set[int]) -> str | None:
 
 def baseline_schedule(graph: Graph) -> GraphSchedule:
     """Keep every forward value the backward reads; recompute nothing (what eager does)."""
-    backward_nodes = [n for n in graph.nodes if n.phase == BACKWARD]
-    saved: list[ValueRef] = []
-    for node in backward_nodes:
-        for ref in node.inputs:
-            if graph.node(ref[0]).phase == FORWARD and ref not in saved:
-                saved.append(ref)
-    return _schedule(graph, saved, [n.name for n in backward_nodes])
+    backward = [n.name for n in graph.nodes if n.phase == BACKWARD]
+    forward = {n.name for n in graph.nodes if n.phase == FORWARD}
+    return _schedule(graph, read_before_made(graph, backward, forward), backward)
 
 
 def schedule_from_saved(graph: Graph, keep: set[ValueRef]) -> GraphSchedule:
@@ -277,7 +275,7 @@ def schedule_from_saved(graph: Graph, keep: set[ValueRef]) -> GraphSchedule:
             for ref in node.inputs:
                 make(ref)
             order.append(node.name)
-    return _schedule(graph, _read_before_made(graph, order, set(forward)), order)
+    return _schedule(graph, read_before_made(graph, order, set(forward)), order)
 
 
 def _schedule(graph: Graph, saved: list[ValueRef], backward: list[str]) -> GraphSchedule:

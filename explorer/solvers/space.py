@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from explorer.chain import storage_owners
 from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph, Node, ValueRef
+from explorer.program import read_before_made
 from explorer.schedule import GraphSchedule
 
 Windows = list[list[str]]
@@ -101,7 +102,8 @@ class Space:
             for r in graph.node(name).inputs:
                 ensure(r)
             sequence.append(name)
-        return GraphSchedule(fingerprint, saved_by_liveness(graph, sequence), sequence)
+        saved = read_before_made(graph, sequence, self.position)  # forward and effects
+        return GraphSchedule(fingerprint, saved, sequence)
 
     # -- schedule -> windows -----------------------------------------------------------------
 
@@ -155,16 +157,7 @@ class Space:
 
 
 def saved_by_liveness(graph: Graph, sequence: list[str]) -> list[ValueRef]:
-    """Forward values the backward reads before (or without) making them again."""
-    made_again: set[ValueRef] = set()
-    saved: list[ValueRef] = []
-    seen: set[ValueRef] = set()
-    for name in sequence:
-        node = graph.node(name)
-        for ref in node.inputs:
-            producer = graph.node(ref[0])
-            if producer.phase in (FORWARD, EFFECT) and ref not in made_again and ref not in seen:
-                seen.add(ref)
-                saved.append(ref)
-        made_again.update((name, i) for i in range(len(node.outputs)))
-    return saved
+    """Forward values (BatchNorm's effects included) the backward reads before (or without)
+    making them again."""
+    forward = {n.name for n in graph.nodes if n.phase in (FORWARD, EFFECT)}
+    return read_before_made(graph, sequence, forward)
