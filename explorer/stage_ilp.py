@@ -23,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import pulp
 
 from explorer.chain import Chain, Stage
 from explorer.graph import Graph, ValueRef
+from explorer.solvers import cbc
+from explorer.solvers.answers import relative_gap
 
 PEAK_WEIGHT = 1e-12  # seconds per byte of peak: breaks ties only
 MAX_STEPS = 12  # decision windows per stage backward: bounds each ILP's size
@@ -268,8 +269,8 @@ def solve_option(
         own = problem.owner[v]
         if own is not None and own in needed:
             prob += keep[own] >= keep[v]
-    prob.solve(_cbc(time_limit))
-    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+    outcome = cbc.solve(prob, time_limit)
+    if not outcome.found:
         return None
     chosen = [v for v in needed if (keep[v].value() or 0) > 0.5]
     plan: list[list[str]] = [[] for _ in problem.stage.backward]
@@ -280,7 +281,7 @@ def solve_option(
             if redo.get((t, a)) is not None and (redo[(t, a)].value() or 0) > 0.5
         ]
     peak_bytes = int(round(peak.value() or 0))
-    status, gap = _status(prob)  # may re-solve a relaxation: read the solution first
+    status, gap = _status(prob, outcome)  # may re-solve a relaxation: read the solution first
     return StageOption(
         keep=[problem.values[v] for v in chosen],
         redo=plan,
@@ -291,13 +292,6 @@ def solve_option(
         gap=gap,
         solve_seconds=time.perf_counter() - started,
     )
-
-
-def _cbc(time_limit: float | None) -> pulp.LpSolver:
-    """The CBC binary that ships inside PuLP (PuLP 3.3 warns it will move to an extra in 4.0)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
 
 
 def _needed_values(problem: StageProblem) -> list[int]:
@@ -317,19 +311,13 @@ def _needed_values(problem: StageProblem) -> list[int]:
     return sorted(needed)
 
 
-def _status(prob: pulp.LpProblem) -> tuple[str, float]:
-    """('optimal' | 'feasible', relative gap) of a solved problem."""
-    if prob.sol_status == pulp.LpSolutionOptimal:
+def _status(prob: pulp.LpProblem, outcome: cbc.Outcome) -> tuple[str, float]:
+    """('optimal' | 'feasible', relative gap) of a solved problem: against the bound CBC
+    proved when its time ran out, else against the LP relaxation's."""
+    if outcome.optimal:
         return "optimal", 0.0
-    return "feasible", _gap_from_relaxation(prob)
-
-
-def _gap_from_relaxation(prob: pulp.LpProblem) -> float:
-    """Gap of a time-limited solution against the LP relaxation's bound."""
-    found = pulp.value(prob.objective) or 0.0
-    relaxed = prob.deepcopy()
-    for var in relaxed.variables():
-        var.cat = pulp.LpContinuous
-    relaxed.solve(_cbc(None))
-    bound = pulp.value(relaxed.objective) or 0.0
-    return max(0.0, (found - bound) / found) if found > 0 else 0.0
+    bound = outcome.bound
+    if bound is None:
+        relaxed = prob.deepcopy()
+        bound = cbc.solve(relaxed, None, relax=True).objective
+    return "feasible", relative_gap(outcome.objective or 0.0, bound or 0.0)
