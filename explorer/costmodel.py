@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from explorer.errors import UserError
-from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta
+from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
 from explorer.profile import Profile
 
 COMPUTE_EFFICIENCY = 0.6  # share of peak FLOPs that large convolutions and products reach
@@ -107,11 +107,6 @@ def _numel(meta: TensorMeta) -> int:
     return math.prod(meta.shape)
 
 
-def _itemsize(meta: TensorMeta) -> int:
-    return {"torch.float64": 8, "torch.int64": 8, "torch.float16": 2, "torch.bfloat16": 2,
-            "torch.bool": 1, "torch.uint8": 1, "torch.int8": 1}.get(meta.dtype, 4)  # fmt: skip
-
-
 def node_flops(graph: Graph, node: Node) -> float:
     """Multiply-adds times two for the operators that do arithmetic in bulk; 0 otherwise."""
     op = node.target.removeprefix("aten.").split(".")[0]
@@ -135,8 +130,8 @@ def node_flops(graph: Graph, node: Node) -> float:
 
 def node_bytes(graph: Graph, node: Node) -> float:
     """Bytes read and written: every tensor input and every output that owns storage."""
-    read = sum(_numel(graph.meta(r)) * _itemsize(graph.meta(r)) for r in node.inputs)
-    written = sum(_numel(m) * _itemsize(m) for m in node.outputs if m and m.alias_of is None)
+    read = sum(dense_bytes(graph.meta(r)) for r in node.inputs)
+    written = sum(dense_bytes(m) for m in node.outputs if m and m.alias_of is None)
     return float(read + written)
 
 

@@ -43,14 +43,16 @@ class TensorMeta:
     contiguous: bool = True
 
 
-def _dense_bytes(meta: TensorMeta) -> int:
+def dense_bytes(meta: TensorMeta) -> int:
+    """Bytes of a contiguous tensor of this shape and dtype (4 an element when unknown)."""
     count = 1
     for size in meta.shape:
         count *= size
     return count * _ITEMSIZE.get(meta.dtype, 4)
 
 
-_ITEMSIZE = {"torch.float64": 8, "torch.float16": 2, "torch.bfloat16": 2, "torch.int64": 8}
+_ITEMSIZE = {"torch.float64": 8, "torch.int64": 8, "torch.float16": 2, "torch.bfloat16": 2,
+             "torch.bool": 1, "torch.uint8": 1, "torch.int8": 1}  # fmt: skip
 
 
 @dataclass
@@ -105,7 +107,7 @@ class Graph:
         alive until the last is stored (AOTAutograd returns them together), so at the very end
         of the step every such copy is alive beside them."""
         return sum(
-            self.meta(r).nbytes or _dense_bytes(self.meta(r))
+            self.meta(r).nbytes or dense_bytes(self.meta(r))
             for r in self.input_grads
             if r is not None and not self.meta(r).contiguous
         )
