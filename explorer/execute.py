@@ -1,8 +1,8 @@
-"""Run instruction lists over slots: the interpreter shared by profiling and the runtime.
+"""Call a graph's operators one at a time over slots, as profiling times them.
 
 Each IR node is called as its traced ATen operator with the traced constant arguments and
-the tensors from its input slots. Results go to output slots; slots listed in `frees` are
-cleared right after, which is what releases memory (nothing else holds the tensors).
+the tensors from its input slots (`op_table`); `store` puts its results into its output slots.
+The runtime itself runs FX's generated code (explorer.backend), not this.
 """
 
 from __future__ import annotations
@@ -73,39 +73,3 @@ def store(slots: Slots, instr: Instr, result: object) -> None:
     for slot, value in zip(instr.out_slots, values, strict=False):
         if slot is not None:
             slots[slot] = value  # type: ignore[assignment]
-
-
-Step = Callable[[Slots], None]
-
-
-def compile_steps(instrs: list[Instr], ops: dict[str, OpFn]) -> list[Step]:
-    """One closure per instruction (call, store, free), so running a program is a plain loop:
-    the interpreter's own cost per operator stays a few microseconds."""
-    return [_step(instr, ops[instr.node]) for instr in instrs]
-
-
-def _step(instr: Instr, call: OpFn) -> Step:
-    ins, outs, frees = list(instr.in_slots), list(instr.out_slots), tuple(instr.frees)
-    if len(outs) == 1 and outs[0] is not None:
-        out = outs[0]
-
-        def single(slots: Slots) -> None:
-            result = call(slots, ins)
-            slots[out] = result[0] if isinstance(result, (tuple, list)) else result  # type: ignore[assignment]
-            for slot in frees:
-                slots[slot] = None
-
-        return single
-
-    def multiple(slots: Slots) -> None:
-        store(slots, instr, call(slots, ins))
-        for slot in frees:
-            slots[slot] = None
-
-    return multiple
-
-
-def run(steps: list[Step], slots: Slots) -> None:
-    """Execute compiled instructions in order; they clear slots as the program says."""
-    for step in steps:
-        step(slots)
