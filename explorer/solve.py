@@ -49,6 +49,9 @@ TABLE_UNITS = 600
 TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
 REFINE_SECONDS = 4.0  # CBC time per budget for the refinement, when the step is small enough
 MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP the refinement takes on
+# the least peak and the fastest schedule at it get this many budgets' refinement time each:
+# they are the hardest searches of a sweep, and the front's range hangs on the first
+MINIMUM_EFFORT = 2.0
 REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 STAGE_SECONDS = 5.0  # CBC time per stage ILP when no time limit is given (a rare hard one
@@ -76,8 +79,9 @@ class Solver:
 
     `refine_seconds` is the CBC time each budget gets to improve the table's answer with
     the whole-step MILP (0: the table only), `refine_total` what all budgets get together
-    (None: no limit); the MILP is used only when it has at most `max_refine_size`
-    recomputation binaries, unless `max_refine_size` is None."""
+    (None: no limit), and the searches for the least peak and for the fastest schedule at
+    it `minimum_effort` times a budget's each; the MILP is used only when it has at most
+    `max_refine_size` recomputation binaries, unless `max_refine_size` is None."""
 
     name = "chain"
 
@@ -94,6 +98,7 @@ class Solver:
         max_refine_size: int | None = MAX_REFINE_SIZE,
         whole_share: float | None = None,
         refine_total: float | None = REFINE_TOTAL,
+        minimum_effort: float = MINIMUM_EFFORT,
         cache: str | Path | None = None,
     ) -> None:
         self.graph = graph
@@ -106,6 +111,7 @@ class Solver:
                 REFINE_SECONDS if time_limit is None else min(REFINE_SECONDS, time_limit)
             )
         settings = [refine_seconds, max_refine_size, whole_share, max_stages, time_limit]
+        settings.append(minimum_effort)
         self.cache = None
         if cache is not None:
             numbers = [sorted(profile.seconds.items()), sorted(profile.workspace.items())]
@@ -132,6 +138,7 @@ class Solver:
         self.refine_seconds = refine_seconds
         self.refine_left = float("inf") if refine_total is None else refine_total
         self.whole_share = whole_share
+        self.minimum_effort = minimum_effort
         self.refines = refine_seconds > 0 and (
             max_refine_size is None or self.milp.size <= max_refine_size
         )
@@ -305,19 +312,23 @@ class Solver:
                 proven = label[0]
             elif self._refine_time() > 0:
                 started = time.perf_counter()
-                refined = self._refiner().leanest(self.answers.lowest(), self._refine_time())
+                refined = self._refiner().leanest(
+                    self.answers.lowest(), self._refine_time(self.minimum_effort)
+                )
                 self.refine_left -= time.perf_counter() - started
                 self.answers.add(refined.schedule)
                 proven = refined.optimal
                 if self.cache:
                     self.cache.put_label("least", proven, refined.bound)
-            self._minimum = self.solve(self.answers.lowest().predicted_peak_bytes)
+            lowest = self.answers.lowest().predicted_peak_bytes
+            self._minimum = self.solve(lowest, self.minimum_effort)
             if not proven and self._minimum.status == "optimal" and self.refines:
                 self._minimum.status = "feasible"  # fastest at this peak, but a lower one?
         return self._copy(self._minimum)
 
-    def solve(self, budget_bytes: int) -> GraphSchedule:
-        """The fastest schedule found whose simulated peak is at most `budget_bytes`."""
+    def solve(self, budget_bytes: int, effort: float = 1.0) -> GraphSchedule:
+        """The fastest schedule found whose simulated peak is at most `budget_bytes`
+        (`effort`: a multiple of the refinement time a budget gets)."""
         started = time.perf_counter()
         check_cancel(self.cancel)
         budget = int(budget_bytes)
@@ -335,7 +346,7 @@ class Solver:
         if start.predicted_seconds <= self.baseline.predicted_seconds:
             status, gap = "optimal", 0.0  # nothing recomputed: nothing can be faster
         elif label is not None or self._refine_time() > 0:
-            status, gap = self._refine(budget, start, label)
+            status, gap = self._refine(budget, start, label, effort)
         else:
             status, gap = "feasible", 1.0
         chosen = self._copy(self.answers.best_within(budget))
@@ -344,19 +355,28 @@ class Solver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
-    def _refine_time(self) -> float:
+    def swept(self, points: int) -> list[int] | None:
+        """The budgets an earlier sweep of this profile solved (from the cache), if any."""
+        return self.cache.sweep(points) if self.cache else None
+
+    def remember_sweep(self, points: int, budgets: list[int]) -> None:
+        if self.cache:
+            self.cache.put_sweep(points, budgets)
+            self._save()
+
+    def _refine_time(self, effort: float = 1.0) -> float:
         """CBC seconds the next refinement gets (0: none, too little left or too large)."""
         if not self.refines:
             return 0.0
-        seconds = min(self.refine_seconds, self.refine_left)
+        seconds = min(self.refine_seconds * effort, self.refine_left)
         return seconds if seconds >= 0.5 else 0.0
 
-    def _refine(self, budget: int, start: GraphSchedule, label) -> tuple[str, float]:
+    def _refine(self, budget: int, start: GraphSchedule, label, effort: float) -> tuple[str, float]:
         """Improve on `start` at `budget` (or recall an earlier run at this budget from the
         cache); ('optimal', 0) if proven, else ('feasible', gap to the proven bound)."""
         if label is None:
             started = time.perf_counter()
-            refined = self._refiner().fastest(budget, start, self._refine_time())
+            refined = self._refiner().fastest(budget, start, self._refine_time(effort))
             self.refine_left -= time.perf_counter() - started
             self.answers.add(refined.schedule)
             label = (refined.optimal, refined.bound)

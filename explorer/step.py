@@ -181,6 +181,15 @@ class StepSolver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
+    def swept(self, points: int) -> list[int] | None:
+        """The budgets an earlier sweep solved: kept for a single graph only (a step of
+        several graphs shares its budget out anew each time)."""
+        return self.solvers[0].swept(points) if len(self.solvers) == 1 else None
+
+    def remember_sweep(self, points: int, budgets: list[int]) -> None:
+        if len(self.solvers) == 1:
+            self.solvers[0].remember_sweep(points, budgets)
+
     def _shared(self, budget: int) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits."""
         lowest = self.minimum()

@@ -168,7 +168,8 @@ def sweep_budgets(
     """Solve `points` budgets evenly spaced from the feasible minimum to the baseline peak,
     then up to `points` // 2 more inside the widest holes of the front (wider than HOLE of
     the range). A hole that remains is real for this solver: asked for a budget just under
-    its upper end, it answers with the point under its lower end."""
+    its upper end, it answers with the point under its lower end. A solver that swept this
+    profile before (its cache) is asked the budgets it was asked then."""
     if points < 2:
         raise UserError("a sweep needs at least 2 points")
     low = solver.minimum().predicted_peak_bytes
@@ -188,13 +189,18 @@ def sweep_budgets(
         report(progress, len(solved), total, f"budget {format_bytes(budget)}")
         return point
 
+    remembered = solver.swept(points)
+    if remembered is not None:  # the same profile swept before: ask what it asked
+        budgets, total = remembered, len(remembered)
     for budget in budgets:
         solve(budget)
-    for _ in range(points // 2):
-        budget = _hole_budget(pareto(solved), high - low, tried)
-        if budget is None:
-            break
-        solve(budget)
+    if remembered is None:
+        for _ in range(points // 2):
+            budget = _hole_budget(pareto(solved), high - low, tried)
+            if budget is None:
+                break
+            solve(budget)
+        solver.remember_sweep(points, [p.budget_bytes for p in solved])
     report(progress, total, total, "done")
     return pareto(solved)
 

@@ -18,6 +18,9 @@ from explorer.errors import UserError
 from explorer.graph import BACKWARD
 from explorer.profile import Profile
 from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
+from explorer.schedule import Schedule
+from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
+from explorer.solvers.refine import Refiner
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
 from explorer.sweep import sweep_budgets
@@ -218,7 +221,9 @@ def test_second_solver_on_the_same_profile_reads_the_cache(cnn, tmp_path):
     front = [p.predicted_peak_bytes for p in sweep_budgets(first, 5)]
     again = make_solver("chain", graph, profile, cache=path)
     assert again.setup.ilps == 0
+    assert again.swept(5) == first.swept(5) is not None  # the budgets asked are kept
     assert [p.predicted_peak_bytes for p in sweep_budgets(again, 5)] == front
+    assert again.refine_left == REFINE_TOTAL  # nothing refined again
     slower = Profile(profile.fingerprint, profile.device, profile.device_name,
                      {k: 2 * v for k, v in profile.seconds.items()}, {}, graph)  # fmt: skip
     other = make_solver("chain", graph, slower, cache=path)
@@ -243,3 +248,65 @@ def test_command_line_sweeps_with_a_named_solver(tmp_path, capsys):
     assert (tmp_path / "front.json").exists() and (tmp_path / "solver_cache.json").exists()
     assert main([*args, "--solver", "best", "--out", str(tmp_path)]) == 2
     assert "invalid choice: 'best'" in capsys.readouterr().err
+
+
+class _GrowingStaircase:
+    """A stand-in solver whose answers improve between two sweeps (as a solver's do when a
+    budget solved in between found new schedules), with the sweep memory of a cache."""
+
+    def __init__(self, steps: list[int]) -> None:
+        self.steps = steps  # the peaks it can reach (ascending)
+        self.baseline = Schedule(graphs=[], predicted_peak_bytes=1000, predicted_seconds=1.0)
+        self.memory: dict[int, list[int]] = {}
+
+    def minimum(self) -> Schedule:
+        return self.solve(self.steps[0])
+
+    def solve(self, budget: int) -> Schedule:
+        peak = max(p for p in [*self.steps, 1000] if p <= budget)
+        seconds = 1.0 + (1000 - peak) / 1000
+        found = Schedule(graphs=[], predicted_peak_bytes=peak, predicted_seconds=seconds)
+        found.baseline_seconds, found.budget_bytes = 1.0, budget
+        return found
+
+    def swept(self, points: int) -> list[int] | None:
+        return self.memory.get(points)
+
+    def remember_sweep(self, points: int, budgets: list[int]) -> None:
+        self.memory[points] = budgets
+
+
+def test_a_second_sweep_asks_the_budgets_the_first_asked():
+    # catches: a second sweep that looks for holes again, which moved since the first (new
+    # budgets, each refined from scratch: UNet's second sweep took 33 s where it can take 0)
+    solver = _GrowingStaircase([100, 900])
+    asked: list[int] = []
+    solve = solver.solve
+    solver.solve = lambda b: asked.append(b) or solve(b)  # type: ignore[method-assign]
+    sweep_budgets(solver, 4)
+    first, asked[:] = list(asked), []
+    solver.steps = [100, 500, 700, 900]  # a solve in between filled the first holes
+    sweep_budgets(solver, 4)
+    assert asked == first
+
+
+def test_the_least_peak_gets_more_search_than_a_budget_unless_the_limit_is_per_budget(
+    cnn, monkeypatch
+):
+    # catches: the least peak and the fastest schedule at it searched for one budget's time
+    # (gpt_2_layers' lowest point then cost +120 to +330% where +46% is found), and the exact
+    # solver stretching the user's per-budget time limit for them
+    given: list[tuple[str, float]] = []
+    leanest, fastest = Refiner.leanest, Refiner.fastest
+    monkeypatch.setattr(
+        Refiner, "leanest", lambda r, s, t: given.append(("least", t)) or leanest(r, s, t)
+    )
+    monkeypatch.setattr(
+        Refiner, "fastest", lambda r, b, s, t: given.append(("fast", t)) or fastest(r, b, s, t)
+    )
+    graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
+    make_solver("chain", graph, profile).minimum()
+    assert given == [("least", 2 * REFINE_SECONDS), ("fast", 2 * REFINE_SECONDS)]
+    given.clear()
+    make_solver("exact", graph, profile, time_limit=3).minimum()
+    assert given == [("least", 3), ("fast", 3)]

@@ -1,11 +1,13 @@
 """What a solver learned about one profiled step, kept as JSON beside the profile, so that
 sweeping the same profile again takes seconds instead of minutes.
 
-Two things are kept: each distinct stage's menu of options (the stage ILPs, the expensive
-part of a large step), keyed by the stage's signature and the seconds of its operators; and
+Three things are kept: each distinct stage's menu of options (the stage ILPs, the expensive
+part of a large step), keyed by the stage's signature and the seconds of its operators;
 the verified answers (each schedule as its recomputation windows) with, per solved budget,
-whether it was proven optimal and the proven bound, keyed by the graph, the profile's
-numbers and the solver's settings. Nothing read from the file is trusted: every answer is
+whether it was proven optimal and the proven bound; and the budgets each sweep solved (a
+second sweep asks the same ones, whose answers are all known, instead of looking for the
+holes its first run already filled). All but the menus are keyed by the graph, the
+profile's numbers and the solver's settings. Nothing read from the file is trusted: every answer is
 lowered and simulated again before it is used, and a cache written for another graph,
 profile or format is ignored (then overwritten). Plain JSON: never pickle.
 """
@@ -33,7 +35,14 @@ class SolverCache:
     def __init__(self, path: str | Path, key: str) -> None:
         self.path = Path(path)
         self.key = key
-        self.data = {"format": FORMAT, "key": key, "stages": {}, "answers": [], "labels": {}}
+        self.data = {
+            "format": FORMAT,
+            "key": key,
+            "stages": {},
+            "answers": [],
+            "labels": {},
+            "sweeps": {},
+        }
         try:
             loaded = read_json(self.path, what="solver cache")
         except UserError:
@@ -43,6 +52,7 @@ class SolverCache:
             if loaded.get("key") == key:
                 self.data["answers"] = list(loaded.get("answers", []))
                 self.data["labels"] = dict(loaded.get("labels", {}))
+                self.data["sweeps"] = dict(loaded.get("sweeps", {}))
 
     def stage_menu(self, key: str) -> list[dict] | None:
         menu = self.data["stages"].get(key)
@@ -66,6 +76,16 @@ class SolverCache:
 
     def put_label(self, budget: int, optimal: bool, bound: float | None) -> None:
         self.data["labels"][str(budget)] = [optimal, bound]
+
+    def sweep(self, points: int) -> list[int] | None:
+        """The budgets an earlier sweep of `points` points solved, in its order."""
+        found = self.data["sweeps"].get(str(points))
+        if not isinstance(found, list) or not all(isinstance(b, int) for b in found):
+            return None
+        return found
+
+    def put_sweep(self, points: int, budgets: list[int]) -> None:
+        self.data["sweeps"][str(points)] = budgets
 
     def save(self) -> None:
         write_atomic(self.path, json.dumps(self.data))

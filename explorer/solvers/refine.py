@@ -1,14 +1,15 @@
 """Improve a schedule with the whole-step MILP within a few seconds.
 
 CBC proves small steps optimal in a moment, but on a transformer's or a UNet's step its bound
-moves slowly and its own heuristics improve a start slowly. Three things work better, in
-this order: the LP relaxation, which is a lower bound (it proves a schedule optimal when they
-meet) and a guide: re-deciding only the decisions on which it disagrees with the current
-schedule, everything else fixed (RINS, Danna et al. 2005), finds most of what there is to
-find in one small MILP; then CBC on the whole model from the improved schedule, which may
-prove it optimal; then windows of a few consecutive stages re-decided in turn
-(a large-neighbourhood search) while time remains. Every candidate is simulated again; only
-schedules that fit by simulation are kept.
+moves slowly and its own heuristics improve a start slowly. So the search goes, in this
+order: the LP relaxation, a lower bound (it proves a schedule optimal when they meet) and a
+guide; CBC on the whole model for a quarter of the time (enough to prove a small step
+optimal); RINS (Danna et al. 2005): re-deciding only the decisions on which the LP disagrees
+with the current schedule, everything else fixed; windows of a few consecutive stages
+re-decided in turn while that improves (a large-neighbourhood search, which is what finds
+most on a transformer's step); and CBC on the whole model again from the best schedule for
+the last quarter, which may prove it. Every candidate is simulated again; only schedules that
+fit by simulation are kept.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from explorer.solvers.milp import StepMilp
 from explorer.solvers.space import Windows
 
 WINDOW = 8  # stages re-decided at once
-WHOLE_SHARE = 0.5  # share of the time left after RINS given to CBC on the whole model
+FIRST_SHARE = 0.25  # share of the time for CBC on the whole model first (proves small steps)
+RINS_SHARE = 0.25  # share of the time left for RINS (at most a second)
+WHOLE_SHARE = 0.25  # share of the time left after RINS kept for CBC on the whole model last
 
 
 @dataclass
@@ -91,39 +94,37 @@ class Refiner:
 
         relaxed = milp.relaxation(max(seconds, 1.0))
         bound = None if relaxed is None else relaxed[0]
-        if proven(bound):
-            return Refined(best, True, bound)
-        if relaxed is not None:  # RINS again from each better schedule (a new neighbourhood)
-            previous = None
-            while previous is not best and time.perf_counter() < deadline:
-                previous = best
-                left = deadline - time.perf_counter()
-                limit = max(min(left, max(1.0, seconds / 4)), 0.2)
-                take(milp.run_guided(limit, windows, relaxed[1]))
-                if proven(bound):
-                    return Refined(best, True, bound)
-        left = deadline - time.perf_counter()
-        if left > 0.1:
-            whole_limit = max(left * self.whole_share, 0.1)
-            before = time.perf_counter()
-            whole = milp.run(whole_limit, windows)
-            # CBC overruns its limit by what reading, presolving and the root LP take
-            overrun = max(0.0, time.perf_counter() - before - whole_limit)
-            take(whole)
-            if whole.bound is not None:
-                bound = max(bound or 0.0, whole.bound)
-            if whole.optimal or proven(bound):
-                return Refined(best, True, bound)
-            self._windows(deadline, overrun, take, lambda: windows)
-        return Refined(best, proven(bound), bound)
 
-    def _windows(self, deadline: float, overrun: float, take, current) -> None:
+        def whole(limit: float) -> bool:
+            """CBC on the whole model from the best schedule; True once it is proven."""
+            nonlocal bound
+            if limit < 0.1:
+                return proven(bound)
+            outcome = milp.run(limit, windows)
+            take(outcome)
+            if outcome.bound is not None:
+                bound = max(bound or 0.0, outcome.bound)
+            return outcome.optimal or proven(bound)
+
+        def left() -> float:
+            return deadline - time.perf_counter()
+
+        if proven(bound) or whole(left() * FIRST_SHARE):
+            return Refined(best, True, bound)
+        if relaxed is not None:
+            take(milp.run_guided(max(min(left() * RINS_SHARE, 1.0), 0.2), windows, relaxed[1]))
+            if proven(bound):
+                return Refined(best, True, bound)
+        self._windows(deadline - left() * self.whole_share, take, lambda: windows)
+        return Refined(best, whole(left()), bound)
+
+    def _windows(self, deadline: float, take, current) -> None:
         """Re-decide windows of stages in turn while that improves and time remains."""
         improved = True
         while improved:
             improved = False
             for first in self._window_starts(current()):
-                left = deadline - time.perf_counter() - overrun
+                left = deadline - time.perf_counter()
                 if left < 0.1:
                     return
                 before = current()

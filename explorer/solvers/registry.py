@@ -34,6 +34,7 @@ def _exact(graph: Graph, profile: Profile, time_limit: float | None, **kw) -> So
         refine_total=None,
         max_refine_size=None,
         whole_share=0.5,
+        minimum_effort=1.0,  # the time limit is each budget's, the least peak's too
         **kw,
     )
     solver.name = "exact"
