@@ -349,6 +349,9 @@ class Solver:
             status, gap = self._refine(budget, start, label, effort)
         else:
             status, gap = "feasible", 1.0
+            if self.cache and self.refines:  # out of refinement time: so is a second sweep
+                self.cache.put_label(str(budget), False, None)
+                self._save()
         chosen = self._copy(self.answers.best_within(budget))
         chosen.status, chosen.gap = status, gap
         chosen.budget_bytes = budget
