@@ -139,6 +139,7 @@ class Solver:
         self.refine_left = float("inf") if refine_total is None else refine_total
         self.whole_share = whole_share
         self.minimum_effort = minimum_effort
+        self.share = float("inf")  # a budget's share of the time left (see `pace`)
         self.refines = refine_seconds > 0 and (
             max_refine_size is None or self.milp.size <= max_refine_size
         )
@@ -358,6 +359,11 @@ class Solver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
+    def pace(self, budgets: int) -> None:
+        """`budgets` budgets (this one included) may still be asked: each gets an equal
+        share of the refinement time left, at most `refine_seconds`."""
+        self.share = self.refine_left / max(budgets, 1)
+
     def swept(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep of this profile solved (from the cache), if any."""
         return self.cache.sweep(points) if self.cache else None
@@ -371,7 +377,8 @@ class Solver:
         """CBC seconds the next refinement gets (0: none, too little left or too large)."""
         if not self.refines:
             return 0.0
-        seconds = min(self.refine_seconds * effort, self.refine_left)
+        seconds = min(self.refine_seconds, self.share) * effort
+        seconds = min(seconds, self.refine_left)
         return seconds if seconds >= 0.5 else 0.0
 
     def _refine(self, budget: int, start: GraphSchedule, label, effort: float) -> tuple[str, float]:

@@ -181,6 +181,10 @@ class StepSolver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
+    def pace(self, budgets: int) -> None:
+        for solver in self.solvers:
+            solver.pace(budgets)
+
     def swept(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep solved: kept for a single graph only (a step of
         several graphs shares its budget out anew each time)."""

@@ -169,7 +169,8 @@ def sweep_budgets(
     then up to `points` // 2 more inside the widest holes of the front (wider than HOLE of
     the range). A hole that remains is real for this solver: asked for a budget just under
     its upper end, it answers with the point under its lower end. A solver that swept this
-    profile before (its cache) is asked the budgets it was asked then."""
+    profile before (its cache) is asked the budgets it was asked then. Before each budget the
+    solver is told how many may follow, so that its search time lasts to the last one."""
     if points < 2:
         raise UserError("a sweep needs at least 2 points")
     low = solver.minimum().predicted_peak_bytes
@@ -192,13 +193,15 @@ def sweep_budgets(
     remembered = solver.swept(points)
     if remembered is not None:  # the same profile swept before: ask what it asked
         budgets, total = remembered, len(remembered)
-    for budget in budgets:
+    for k, budget in enumerate(budgets):
+        solver.pace(total - k)
         solve(budget)
     if remembered is None:
-        for _ in range(points // 2):
+        for k in range(points // 2):
             budget = _hole_budget(pareto(solved), high - low, tried)
             if budget is None:
                 break
+            solver.pace(points // 2 - k)
             solve(budget)
         solver.remember_sweep(points, [p.budget_bytes for p in solved])
     report(progress, total, total, "done")

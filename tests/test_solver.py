@@ -282,6 +282,9 @@ class _GrowingStaircase:
         found.baseline_seconds, found.budget_bytes = 1.0, budget
         return found
 
+    def pace(self, budgets: int) -> None:
+        pass
+
     def swept(self, points: int) -> list[int] | None:
         return self.memory.get(points)
 
@@ -323,3 +326,18 @@ def test_the_least_peak_gets_more_search_than_a_budget_unless_the_limit_is_per_b
     given.clear()
     make_solver("exact", graph, profile, time_limit=3).minimum()
     assert given == [("least", 3), ("fast", 3)]
+
+
+def test_a_sweep_spreads_its_search_time_over_every_budget(cnn, monkeypatch):
+    # catches: each budget taking a full REFINE_SECONDS until the sweep's time is spent, so
+    # the budgets asked last (the cheap end, vgg16's 0.87 to 1.0) are never searched
+    given: list[float] = []
+    fastest = Refiner.fastest
+    monkeypatch.setattr(
+        Refiner, "fastest", lambda r, b, s, t: given.append(t) or fastest(r, b, s, t)
+    )
+    solver = make_solver("chain", cnn.capture()[0], cnn.profile().graphs[0], refine_total=12.0)
+    solver.minimum()
+    left, given[:] = solver.refine_left, []
+    sweep_budgets(solver, 6)  # up to 6 + 3 budgets
+    assert given and given[0] <= left / 9 + 1e-9 < REFINE_SECONDS
