@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,8 +19,9 @@ from explorer.errors import UserError
 from explorer.graph import BACKWARD
 from explorer.profile import Profile
 from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
-from explorer.schedule import Schedule
+from explorer.schedule import GraphSchedule, Schedule
 from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
+from explorer.solvers.milp import MilpResult
 from explorer.solvers.refine import Refiner
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
@@ -341,3 +343,43 @@ def test_a_sweep_spreads_its_search_time_over_every_budget(cnn, monkeypatch):
     left, given[:] = solver.refine_left, []
     sweep_budgets(solver, 6)  # up to 6 + 3 budgets
     assert given and given[0] <= left / 9 + 1e-9 < REFINE_SECONDS
+
+
+class _LastWordMilp:
+    """A stand-in for StepMilp: CBC finds nothing until its second run on the whole model,
+    which finds a faster schedule (recomputing "a") and proves it optimal."""
+
+    n, stages = 0, []
+
+    def __init__(self) -> None:
+        self.space = SimpleNamespace(windows_of=lambda s: [list(s.recomputed)], empty=lambda: [[]])
+        self.whole_runs = 0
+
+    def use_budget(self, budget: int) -> None:
+        pass
+
+    def relaxation(self, time_limit):
+        return None
+
+    def seconds_of(self, windows) -> float:
+        return 1.0 if windows == [["a"]] else 2.0
+
+    def run(self, time_limit, start=None, free=None, relax=False) -> MilpResult:
+        if free is None:
+            self.whole_runs += 1
+            if self.whole_runs == 2:
+                return MilpResult([["a"]], True, 1.0, 1.0)
+        return MilpResult(None, False, None, None)
+
+
+def test_refinement_returns_what_its_last_search_found():
+    # catches: the result read before the last CBC run improved it, so a slower schedule
+    # came back labelled "optimal" and the faster one was lost
+    def evaluate(windows) -> GraphSchedule:
+        found = GraphSchedule(fingerprint="f", saved=[], backward=[], recomputed=windows[0])
+        found.predicted_peak_bytes = 10
+        found.predicted_seconds = 1.0 if windows == [["a"]] else 2.0
+        return found
+
+    refined = Refiner(_LastWordMilp(), evaluate).fastest(100, evaluate([[]]), 1.0)
+    assert refined.optimal and refined.schedule.recomputed == ["a"]

@@ -116,7 +116,8 @@ class Refiner:
             if proven(bound):
                 return Refined(best, True, bound)
         self._windows(deadline - left() * self.whole_share, take, lambda: windows)
-        return Refined(best, whole(left()), bound)
+        proved = whole(left())  # before reading `best`: it may improve it
+        return Refined(best, proved, bound)
 
     def _windows(self, deadline: float, take, current) -> None:
         """Re-decide windows of stages in turn while that improves and time remains."""
