@@ -67,15 +67,16 @@ class SolverCache:
     def put_answers(self, windows: list[list[list[str]]]) -> None:
         self.data["answers"] = windows
 
-    def label(self, budget: int) -> tuple[bool, float | None] | None:
-        """(proven optimal, proven bound in seconds) of an earlier solve at `budget`."""
-        found = self.data["labels"].get(str(budget))
+    def label(self, key: str) -> tuple[bool, float | None] | None:
+        """(proven optimal, proven bound) of an earlier search: `key` is a budget in bytes,
+        written out, or "least" for the least-peak search."""
+        found = self.data["labels"].get(key)
         if not isinstance(found, list) or len(found) != 2:
             return None
         return bool(found[0]), None if found[1] is None else float(found[1])
 
-    def put_label(self, budget: int, optimal: bool, bound: float | None) -> None:
-        self.data["labels"][str(budget)] = [optimal, bound]
+    def put_label(self, key: str, optimal: bool, bound: float | None) -> None:
+        self.data["labels"][key] = [optimal, bound]
 
     def sweep(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep of `points` points solved, in its order."""
