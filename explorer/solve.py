@@ -138,6 +138,7 @@ class Solver:
         self.refine_seconds = refine_seconds
         self.refine_left = float("inf") if refine_total is None else refine_total
         self.whole_share = whole_share
+        self.refiner: Refiner | None = None
         self.minimum_effort = minimum_effort
         self.share = float("inf")  # a budget's share of the time left (see `pace`)
         self.refines = refine_seconds > 0 and (
@@ -400,10 +401,13 @@ class Solver:
         return "feasible", relative_gap(redo, label[1])
 
     def _refiner(self) -> Refiner:
-        refiner = Refiner(self.milp, self.schedule_of)
-        if self.whole_share is not None:
-            refiner.whole_share = self.whole_share
-        return refiner
+        """One refiner for all budgets: it learns which of its methods pay off here."""
+        if self.refiner is None:
+            if self.whole_share is None:
+                self.refiner = Refiner(self.milp, self.schedule_of)
+            else:  # a solver that chose its share (exact) keeps every method
+                self.refiner = Refiner(self.milp, self.schedule_of, self.whole_share, learn=False)
+        return self.refiner
 
     @staticmethod
     def _copy(schedule: GraphSchedule) -> GraphSchedule:

@@ -330,19 +330,26 @@ def test_the_least_peak_gets_more_search_than_a_budget_unless_the_limit_is_per_b
     assert given == [("least", 3), ("fast", 3)]
 
 
-def test_a_sweep_spreads_its_search_time_over_every_budget(cnn, monkeypatch):
+def test_a_sweep_spreads_its_search_time_over_every_budget_with_one_refiner(cnn, monkeypatch):
     # catches: each budget taking a full REFINE_SECONDS until the sweep's time is spent, so
-    # the budgets asked last (the cheap end, vgg16's 0.87 to 1.0) are never searched
+    # the budgets asked last (the cheap end, vgg16's 0.87 to 1.0) are never searched; and
+    # a new refiner for each budget, which forgets which of its methods pay off
     given: list[float] = []
+    refiners: set[int] = set()
     fastest = Refiner.fastest
-    monkeypatch.setattr(
-        Refiner, "fastest", lambda r, b, s, t: given.append(t) or fastest(r, b, s, t)
-    )
+
+    def recorded(r: Refiner, b: int, s: GraphSchedule, t: float):
+        given.append(t)
+        refiners.add(id(r))
+        return fastest(r, b, s, t)
+
+    monkeypatch.setattr(Refiner, "fastest", recorded)
     solver = make_solver("chain", cnn.capture()[0], cnn.profile().graphs[0], refine_total=12.0)
     solver.minimum()
     left, given[:] = solver.refine_left, []
     sweep_budgets(solver, 6)  # up to 6 + 3 budgets
     assert given and given[0] <= left / 9 + 1e-9 < REFINE_SECONDS
+    assert len(refiners) == 1
 
 
 class _LastWordMilp:
@@ -383,3 +390,52 @@ def test_refinement_returns_what_its_last_search_found():
 
     refined = Refiner(_LastWordMilp(), evaluate).fastest(100, evaluate([[]]), 1.0)
     assert refined.optimal and refined.schedule.recomputed == ["a"]
+
+
+class _FruitlessMilp(_LastWordMilp):
+    """A stand-in for StepMilp on which CBC finds nothing, whatever it is asked: it counts
+    the runs of each method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = {"whole": 0, "rins": 0, "window": 0}
+
+    def relaxation(self, time_limit):
+        return 0.0, {}  # a bound that proves nothing: every schedule recomputes
+
+    def run(self, time_limit, start=None, free=None, relax=False) -> MilpResult:
+        self.runs["whole" if free is None else "window"] += 1
+        return MilpResult(None, False, None, None)
+
+    def run_guided(self, time_limit, start, lp) -> MilpResult:
+        self.runs["rins"] += 1
+        return MilpResult(None, False, None, None)
+
+
+def _recomputing(windows) -> GraphSchedule:
+    found = GraphSchedule(fingerprint="f", saved=[], backward=[], recomputed=windows[0])
+    found.predicted_peak_bytes, found.predicted_seconds = 10, 2.0
+    return found
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_refiner_stops_whole_model_runs_that_find_nothing(learn):
+    # catches: a transformer's step spending every budget's second on whole-model CBC runs
+    # that never pay off, while the windows, which do find improvements, got no time
+    milp = _FruitlessMilp()
+    refiner = Refiner(milp, _recomputing, learn=learn)
+    for _ in range(4):  # under a second each: the windows do not stall long enough to retry
+        refiner.fastest(100, _recomputing([["a"]]), 0.9)
+    assert milp.runs["whole"] == (2 if learn else 8)  # first and last of a search
+    assert milp.runs["rins"] == 4  # cheap, and guided by the LP: always tried
+    assert milp.runs["window"] >= 4
+
+
+def test_refiner_tries_the_whole_model_again_when_windows_stall():
+    # catches: once skipped, CBC on the whole model never getting another chance, though
+    # the windows finished with seconds to spare (a small step it could prove at once)
+    milp = _FruitlessMilp()
+    refiner = Refiner(milp, _recomputing)
+    for _ in range(3):
+        refiner.fastest(100, _recomputing([["a"]]), 5.0)
+    assert milp.runs["whole"] == 2 + 1 + 1  # then only the last run of each search

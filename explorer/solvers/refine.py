@@ -1,20 +1,25 @@
 """Improve a schedule with the whole-step MILP within a few seconds.
 
 CBC proves small steps optimal in a moment, but on a transformer's or a UNet's step its bound
-moves slowly and its own heuristics improve a start slowly. So the search goes, in this
-order: the LP relaxation, a lower bound (it proves a schedule optimal when they meet) and a
-guide; CBC on the whole model for a quarter of the time (enough to prove a small step
-optimal); RINS (Danna et al. 2005): re-deciding only the decisions on which the LP disagrees
-with the current schedule, everything else fixed; windows of a few consecutive stages
-re-decided in turn while that improves (a large-neighbourhood search, which is what finds
-most on a transformer's step); and CBC on the whole model again from the best schedule for
-the last quarter, which may prove it. Every candidate is simulated again; only schedules that
-fit by simulation are kept.
+moves slowly and its own heuristics improve a start slowly; and every CBC run on such a step
+costs most of a second before it searches at all (reading the model, the LP, the MIP start).
+So the search goes, in this order: the LP relaxation, a lower bound (it proves a schedule
+optimal when they meet) and a guide; CBC on the whole model for a quarter of the time (enough
+to prove a small step optimal); RINS (Danna et al. 2005): re-deciding only the decisions on
+which the LP disagrees with the current schedule, everything else fixed; windows of a few
+consecutive stages re-decided in turn while that improves (a large-neighbourhood search, which
+is what finds most on a transformer's step); and CBC on the whole model again from the best
+schedule for the last quarter, which may prove it. A refiner learns from its own runs: once
+CBC on the whole model has found nothing twice in a row for an objective (neither a better
+schedule nor a proof), later searches for it give that time to the windows, and try the whole
+model again only when the windows stall (the exact solver keeps every run). Every candidate is
+simulated again; only schedules that fit by simulation are kept.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +31,7 @@ WINDOW = 8  # stages re-decided at once
 FIRST_SHARE = 0.25  # share of the time for CBC on the whole model first (proves small steps)
 RINS_SHARE = 0.25  # share of the time left for RINS (at most a second)
 WHOLE_SHARE = 0.25  # share of the time left after RINS kept for CBC on the whole model last
+FRUITLESS = 2  # whole-model runs in a row that found nothing, after which they are skipped
 
 
 @dataclass
@@ -42,11 +48,19 @@ class Refined:
 class Refiner:
     """LP, RINS, whole model, windows: the search of the module docstring, on one StepMilp."""
 
-    def __init__(self, milp: StepMilp, evaluate: Callable[[Windows], GraphSchedule]) -> None:
+    def __init__(
+        self,
+        milp: StepMilp,
+        evaluate: Callable[[Windows], GraphSchedule],
+        whole_share: float = WHOLE_SHARE,
+        learn: bool = True,
+    ) -> None:
         self.milp = milp
         self.evaluate = evaluate
         self.windows_of = milp.space.windows_of
-        self.whole_share = WHOLE_SHARE
+        self.whole_share = whole_share
+        self.learn = learn
+        self.fruitless: Counter[str] = Counter()  # objective: whole-model runs in a row
 
     def fastest(self, budget: int, start: GraphSchedule, seconds: float) -> Refined:
         """The least recomputation within `budget`, from `start` (which must fit)."""
@@ -60,7 +74,8 @@ class Refiner:
         def value(s: GraphSchedule, windows: Windows) -> float:
             return self.milp.seconds_of(windows)
 
-        return self._search(start, seconds, lambda: self.milp.use_budget(budget), better, value)
+        objective = lambda: self.milp.use_budget(budget)  # noqa: E731
+        return self._search("fastest", start, seconds, objective, better, value)
 
     def leanest(self, start: GraphSchedule, seconds: float) -> Refined:
         """The least peak, from `start`."""
@@ -71,9 +86,11 @@ class Refiner:
         def value(s: GraphSchedule, windows: Windows) -> float:
             return float(s.predicted_peak_bytes)
 
-        return self._search(start, seconds, self.milp.use_least_peak, better, value)
+        return self._search("leanest", start, seconds, self.milp.use_least_peak, better, value)
 
-    def _search(self, start: GraphSchedule, seconds: float, objective, better, value) -> Refined:
+    def _search(
+        self, kind: str, start: GraphSchedule, seconds: float, objective, better, value
+    ) -> Refined:
         started = time.perf_counter()
         deadline = started + seconds
         milp = self.milp
@@ -109,15 +126,30 @@ class Refiner:
         def left() -> float:
             return deadline - time.perf_counter()
 
-        if proven(bound) or whole(left() * FIRST_SHARE):
+        def tried_whole(limit: float, anyway: bool = False) -> bool:
+            """CBC on the whole model if it has paid off here (or `anyway`); remember."""
+            if not (anyway or self._worth(kind)):
+                return False
+            before = best
+            proved = whole(limit)
+            self.fruitless[kind] = 0 if proved or best is not before else self.fruitless[kind] + 1
+            return proved
+
+        if proven(bound) or tried_whole(left() * FIRST_SHARE):
             return Refined(best, True, bound)
         if relaxed is not None:
             take(milp.run_guided(max(min(left() * RINS_SHARE, 1.0), 0.2), windows, relaxed[1]))
             if proven(bound):
                 return Refined(best, True, bound)
-        self._windows(deadline - left() * self.whole_share, take, lambda: windows)
-        proved = whole(left())  # before reading `best`: it may improve it
-        return Refined(best, proved, bound)
+        whole_share = self.whole_share if self._worth(kind) else 0.0
+        self._windows(deadline - left() * whole_share, take, lambda: windows)
+        stalled = left() >= 1.0  # the windows found nothing more: try the whole model again
+        proved = tried_whole(left(), anyway=stalled)  # before reading `best`: it may improve it
+        return Refined(best, proved or proven(bound), bound)
+
+    def _worth(self, kind: str) -> bool:
+        """Whether CBC on the whole model is still worth its time for objective `kind`."""
+        return not self.learn or self.fruitless[kind] < FRUITLESS
 
     def _windows(self, deadline: float, take, current) -> None:
         """Re-decide windows of stages in turn while that improves and time remains."""
