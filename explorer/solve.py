@@ -401,11 +401,11 @@ class Solver:
         return "feasible", relative_gap(redo, label[1])
 
     def _refiner(self) -> Refiner:
-        """One refiner for all budgets: it learns which of its methods pay off here."""
+        """One refiner for all budgets: it learns whether whole-model runs pay off here."""
         if self.refiner is None:
             if self.whole_share is None:
                 self.refiner = Refiner(self.milp, self.schedule_of)
-            else:  # a solver that chose its share (exact) keeps every method
+            else:  # a solver that chose its share (exact) keeps every run
                 self.refiner = Refiner(self.milp, self.schedule_of, self.whole_share, learn=False)
         return self.refiner
 

@@ -333,7 +333,7 @@ def test_the_least_peak_gets_more_search_than_a_budget_unless_the_limit_is_per_b
 def test_a_sweep_spreads_its_search_time_over_every_budget_with_one_refiner(cnn, monkeypatch):
     # catches: each budget taking a full REFINE_SECONDS until the sweep's time is spent, so
     # the budgets asked last (the cheap end, vgg16's 0.87 to 1.0) are never searched; and
-    # a new refiner for each budget, which forgets which of its methods pay off
+    # a new refiner for each budget, which forgets whether whole-model runs pay off
     given: list[float] = []
     refiners: set[int] = set()
     fastest = Refiner.fastest
