@@ -110,8 +110,14 @@ class Solver:
             refine_seconds = (
                 REFINE_SECONDS if time_limit is None else min(REFINE_SECONDS, time_limit)
             )
-        settings = [refine_seconds, max_refine_size, whole_share, max_stages, time_limit]
-        settings.append(minimum_effort)
+        settings = [
+            refine_seconds,
+            max_refine_size,
+            whole_share,
+            max_stages,
+            time_limit,
+            minimum_effort,
+        ]
         self.cache = None
         if cache is not None:
             numbers = [sorted(profile.seconds.items()), sorted(profile.workspace.items())]

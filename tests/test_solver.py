@@ -352,6 +352,13 @@ def test_a_sweep_spreads_its_search_time_over_every_budget_with_one_refiner(cnn,
     assert len(refiners) == 1
 
 
+def _recomputing(windows, seconds: float = 2.0) -> GraphSchedule:
+    """The schedule a stand-in MILP's windows lower to: 10 bytes, `seconds` long."""
+    found = GraphSchedule(fingerprint="f", saved=[], backward=[], recomputed=windows[0])
+    found.predicted_peak_bytes, found.predicted_seconds = 10, seconds
+    return found
+
+
 class _LastWordMilp:
     """A stand-in for StepMilp: CBC finds nothing until its second run on the whole model,
     which finds a faster schedule (recomputing "a") and proves it optimal."""
@@ -383,10 +390,7 @@ def test_refinement_returns_what_its_last_search_found():
     # catches: the result read before the last CBC run improved it, so a slower schedule
     # came back labelled "optimal" and the faster one was lost
     def evaluate(windows) -> GraphSchedule:
-        found = GraphSchedule(fingerprint="f", saved=[], backward=[], recomputed=windows[0])
-        found.predicted_peak_bytes = 10
-        found.predicted_seconds = 1.0 if windows == [["a"]] else 2.0
-        return found
+        return _recomputing(windows, seconds=1.0 if windows == [["a"]] else 2.0)
 
     refined = Refiner(_LastWordMilp(), evaluate).fastest(100, evaluate([[]]), 1.0)
     assert refined.optimal and refined.schedule.recomputed == ["a"]
@@ -410,12 +414,6 @@ class _FruitlessMilp(_LastWordMilp):
     def run_guided(self, time_limit, start, lp) -> MilpResult:
         self.runs["rins"] += 1
         return MilpResult(None, False, None, None)
-
-
-def _recomputing(windows) -> GraphSchedule:
-    found = GraphSchedule(fingerprint="f", saved=[], backward=[], recomputed=windows[0])
-    found.predicted_peak_bytes, found.predicted_seconds = 10, 2.0
-    return found
 
 
 @pytest.mark.parametrize("learn", [True, False])
