@@ -359,6 +359,11 @@ def _recomputing(windows, seconds: float = 2.0) -> GraphSchedule:
     return found
 
 
+def _faster_with_a(windows) -> GraphSchedule:
+    """A stand-in schedule: recomputing "a" is the faster one."""
+    return _recomputing(windows, seconds=1.0 if windows == [["a"]] else 2.0)
+
+
 class _LastWordMilp:
     """A stand-in for StepMilp: CBC finds nothing until its second run on the whole model,
     which finds a faster schedule (recomputing "a") and proves it optimal."""
@@ -378,7 +383,7 @@ class _LastWordMilp:
     def seconds_of(self, windows) -> float:
         return 1.0 if windows == [["a"]] else 2.0
 
-    def run(self, time_limit, start=None, free=None, relax=False) -> MilpResult:
+    def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
         if free is None:
             self.whole_runs += 1
             if self.whole_runs == 2:
@@ -389,10 +394,7 @@ class _LastWordMilp:
 def test_refinement_returns_what_its_last_search_found():
     # catches: the result read before the last CBC run improved it, so a slower schedule
     # came back labelled "optimal" and the faster one was lost
-    def evaluate(windows) -> GraphSchedule:
-        return _recomputing(windows, seconds=1.0 if windows == [["a"]] else 2.0)
-
-    refined = Refiner(_LastWordMilp(), evaluate).fastest(100, evaluate([[]]), 1.0)
+    refined = Refiner(_LastWordMilp(), _faster_with_a).fastest(100, _faster_with_a([[]]), 1.0)
     assert refined.optimal and refined.schedule.recomputed == ["a"]
 
 
@@ -407,7 +409,7 @@ class _FruitlessMilp(_LastWordMilp):
     def relaxation(self, time_limit):
         return 0.0, {}  # a bound that proves nothing: every schedule recomputes
 
-    def run(self, time_limit, start=None, free=None, relax=False) -> MilpResult:
+    def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
         self.runs["whole" if free is None else "window"] += 1
         return MilpResult(None, False, None, None)
 
@@ -437,3 +439,53 @@ def test_refiner_tries_the_whole_model_again_when_windows_stall():
     for _ in range(3):
         refiner.fastest(100, _recomputing([["a"]]), 5.0)
     assert milp.runs["whole"] == 2 + 1 + 1  # then only the last run of each search
+
+
+def test_a_narrow_window_re_decides_only_what_is_near_its_reads():
+    # catches: a reach that is ignored (every window as large as the whole step, each CBC
+    # run most of a second on a transformer), and one that drops what the start already
+    # recomputes (the window could then not undo it, and its model would be infeasible)
+    graph, profile = chain_step([64] * 7)
+    milp = make_solver("exact", graph, profile).milp
+    milp.use_budget(10**6)
+    deep = next(a for a in milp.candidates[0] if a not in _makers_read(milp, 0))
+    start = milp.space.empty()
+    start[milp.stages[0]] = [deep]
+    milp.set_start(start)
+
+    def free(reach) -> set[tuple[int, str]]:
+        names = {x.name for x in milp._neighbourhood(range(milp.n), reach).variables()}
+        return {key for key, x in milp.redo.items() if x.name in names}
+
+    narrow = free(1)
+    assert narrow == {(i, a) for i, a in milp.redo if a in _makers_read(milp, i)} | {(0, deep)}
+    assert len(narrow) < len(free(2)) < len(free(None)) == len(milp.redo)
+
+
+def _makers_read(milp, i: int) -> set[str]:
+    """The operators that make what stage i reads."""
+    return {milp.maker[s] for s in milp.reads[i] if milp.maker[s]}
+
+
+class _WideMilp(_FruitlessMilp):
+    """A stand-in on which only a window of reach 4 finds something (recomputing "a"): it
+    records the reach of every window run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reaches: list[int | None] = []
+
+    def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
+        if free is None:
+            return MilpResult(None, False, None, None)
+        self.reaches.append(reach)
+        return MilpResult([["a"]] if reach == 4 else None, False, None, None)
+
+
+def test_windows_widen_only_when_narrow_ones_find_nothing():
+    # catches: windows that stay narrow (the improvement of reach 4 is never seen), and ones
+    # that stay wide after an improvement (each run costing the whole step's time)
+    milp = _WideMilp()
+    refined = Refiner(milp, _faster_with_a, learn=False).fastest(100, _faster_with_a([[]]), 60)
+    assert refined.schedule.recomputed == ["a"]
+    assert milp.reaches == [2, 4, 2, 4, None]

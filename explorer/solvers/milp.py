@@ -289,16 +289,19 @@ class StepMilp:
         time_limit: float | None,
         start: Windows | None = None,
         free: range | None = None,
+        reach: int | None = None,
         relax: bool = False,
     ) -> MilpResult:
         """Solve under the current objective, from `start` (CBC's MIP start). With `free`
         (and a start), only the windows of those stages may change: CBC then gets the model
-        with every other decision replaced by its value in `start`."""
+        with every other decision replaced by its value in `start`. `reach` narrows each of
+        those windows to the operators it runs in `start` and those within `reach`
+        producers of what its stage reads (None: every operator it may run)."""
         if start is not None:
             self.set_start(start)
         prob = self.prob
         if free is not None and start is not None:
-            prob = self._neighbourhood(free)
+            prob = self._neighbourhood(free, reach)
         outcome = cbc.solve(prob, time_limit, warm_start=start is not None, relax=relax)
         bound = None if free else self._bound(outcome.bound)
         if not outcome.found:
@@ -321,19 +324,34 @@ class StepMilp:
                 x.lowBound, x.upBound = 0, 1
         return None if outcome.objective is None else outcome.objective * self.unit
 
-    def _neighbourhood(self, free: range) -> pulp.LpProblem:
-        """The model restricted to re-deciding the windows of stages `free`: the storages
-        those windows read or make stay free everywhere, with the memory of every stage
-        they appear in; every other variable keeps its start value."""
+    def _neighbourhood(self, free: range, reach: int | None) -> pulp.LpProblem:
+        """The model restricted to re-deciding the windows of stages `free` (see `run`):
+        the storages those windows read or make stay free everywhere, with the memory of
+        every stage they appear in; every other variable keeps its start value."""
         stages = set(free) & set(range(self.n))
         touched: set[Root] = set()
+        names: set[str] = set()
         for i in stages:
             touched.update(self.reads[i])
-            for a in self.candidates[i]:
+            for a in self._within_reach(i, reach):
                 touched.update(self._touched(a))
-        names = {x.name for (i, _), x in self.redo.items() if i in stages}
+                names.add(self.redo[(i, a)].name)
         names.update(x.name for (i, s), x in self.avail.items() if s in touched)
         return self._restricted(names, stages, touched)
+
+    def _within_reach(self, i: int, reach: int | None) -> list[str]:
+        """The operators window i may re-decide: those the start runs there, and those
+        within `reach` producers of what stage i reads (most gains are near the reads,
+        and a narrow window is a CBC run several times cheaper)."""
+        if reach is None:
+            return self.candidates[i]
+        near: set[str] = set()
+        frontier = {self.maker[s] for s in self.reads[i] if self.maker[s]}
+        for _ in range(reach):
+            frontier -= near
+            near |= frontier
+            frontier = {self.maker[s] for a in frontier for s in self.ops_reads[a] if self.maker[s]}
+        return [a for a in self.candidates[i] if a in near or _is_one(self.redo[(i, a)])]
 
     def _restricted(self, names: set[str], stages: set[int], touched: set[Root]):
         """The model with only the binaries `names` free (and the continuous variables of
@@ -343,7 +361,12 @@ class StepMilp:
         busy = stages | {i for (i, s) in self.avail if s in touched}
         busy |= {i - 1 for i in busy}
         names.update(x.name for (i, _), x in self.mem.items() if i in busy)
-        names.update(x.name for (i, s, _), x in self.freed.items() if i in stages or s in touched)
+        names.update(  # a release by a recomputation fixed at 0 is 0: left out
+            y.name
+            for (i, s, a), y in self.freed.items()
+            if (i in stages or s in touched)
+            and (self.redo[(i, a)].name in names or _is_one(self.redo[(i, a)]))
+        )
         sub = pulp.LpProblem("window", pulp.LpMinimize)
         for row in self._rows_with(names):
             terms, constant = {}, row.constant
@@ -409,7 +432,7 @@ class StepMilp:
         """The recomputations of the current solution, as windows of the space."""
         windows = self.space.empty()
         for i, t in enumerate(self.stages):
-            windows[t] = [a for a in self.candidates[i] if (self.redo[(i, a)].value() or 0) > 0.5]
+            windows[t] = [a for a in self.candidates[i] if _is_one(self.redo[(i, a)])]
         return windows
 
     # -- warm start --------------------------------------------------------------------------
@@ -456,6 +479,11 @@ class StepMilp:
             if s.held_entering(t) or (i, root) in avail:
                 current += s.nbytes * sc
         window = self.candidates[i]
+        last_use: dict[Root, int] = {}  # the last recomputation of window i touching a storage
+        for a in window:
+            if (i, a) in chosen:
+                for root in self._touched(a):
+                    last_use[root] = self.position[a]
         for a in window:
             x = 1 if (i, a) in chosen else 0
             current += sum(f.storages[r].nbytes for r in self.ops_makes[a]) * sc * x
@@ -464,14 +492,15 @@ class StepMilp:
                 y = self.freed.get((i, root, a))
                 if y is None:
                     continue
-                later = any(
-                    (i, b) in chosen and self.position[b] > self.position[a]
-                    for b in window
-                    if root in self._touched(b)
-                )
-                free = bool(x) and not later and (i + 1, root) not in avail
+                free = bool(x) and last_use[root] <= self.position[a]
+                free = free and (i + 1, root) not in avail
                 y.setInitialValue(1 if free else 0)
                 current -= f.storages[root].nbytes * sc * (1 if free else 0)
+
+
+def _is_one(x: pulp.LpVariable) -> bool:
+    """Whether a binary is 1 in the current solution (or start)."""
+    return (x.value() or 0) > 0.5
 
 
 def _byte_scale(facts: StepFacts) -> float:

@@ -9,11 +9,14 @@ to prove a small step optimal); RINS (Danna et al. 2005): re-deciding only the d
 which the LP disagrees with the current schedule, everything else fixed; windows of a few
 consecutive stages re-decided in turn while that improves (a large-neighbourhood search, which
 is what finds most on a transformer's step); and CBC on the whole model again from the best
-schedule for the last quarter, which may prove it. A refiner learns from its own runs: once
-CBC on the whole model has found nothing twice in a row for an objective (neither a better
-schedule nor a proof), later searches for it give that time to the windows, and try the whole
-model again only when the windows stall (the exact solver keeps every run). Every candidate is
-simulated again; only schedules that fit by simulation are kept.
+schedule for the last quarter, which may prove it. A window first re-decides only the
+operators near what its stages read, and is widened only when a pass over the windows finds
+nothing: a narrow window is a CBC run several times cheaper, so a budget's seconds go further.
+A refiner learns from its own runs: once CBC on the whole model has found nothing twice in a
+row for an objective (neither a better schedule nor a proof), later searches for it give that
+time to the windows, and try the whole model again only when the windows stall (the exact
+solver keeps every run). Every candidate is simulated again; only schedules that fit by
+simulation are kept.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from explorer.solvers.milp import StepMilp
 from explorer.solvers.space import Windows
 
 WINDOW = 8  # stages re-decided at once
+REACHES = (2, 4, None)  # producers back from a stage's reads its window re-decides (None: all)
 FIRST_SHARE = 0.25  # share of the time for CBC on the whole model first (proves small steps)
 RINS_SHARE = 0.25  # share of the time left for RINS (at most a second)
 WHOLE_SHARE = 0.25  # share of the time left after RINS kept for CBC on the whole model last
@@ -152,17 +156,21 @@ class Refiner:
         return not self.learn or self.fruitless[kind] < FRUITLESS
 
     def _windows(self, deadline: float, take, current) -> None:
-        """Re-decide windows of stages in turn while that improves and time remains."""
-        improved = True
-        while improved:
+        """Re-decide windows of stages in turn while time remains: the narrowest reach
+        while a pass over them improves, a wider one once it does not (back to the
+        narrowest after an improvement); done when the widest finds nothing."""
+        level = 0
+        while level < len(REACHES):
             improved = False
             for first in self._window_starts(current()):
                 left = deadline - time.perf_counter()
                 if left < 0.1:
                     return
                 before = current()
-                take(self.milp.run(min(left, 1.0), before, free=range(first, first + WINDOW)))
+                free = range(first, first + WINDOW)
+                take(self.milp.run(min(left, 1.0), before, free=free, reach=REACHES[level]))
                 improved = improved or current() is not before
+            level = 0 if improved else level + 1
 
     def _window_starts(self, windows: Windows) -> list[int]:
         """First stages of the windows to re-decide, overlapping by half: those where the
