@@ -118,10 +118,8 @@ class Solver:
             time_limit,
             minimum_effort,
         ]
-        self.cache = None
-        if cache is not None:
-            numbers = [sorted(profile.seconds.items()), sorted(profile.workspace.items())]
-            self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
+        numbers = [sorted(profile.seconds.items()), sorted(profile.workspace.items())]
+        self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
         started = time.perf_counter()
         stage_limit = STAGE_SECONDS if time_limit is None else time_limit
@@ -182,8 +180,6 @@ class Solver:
     def _stage_menu(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
         """The stage's options: from the cache when the same stage with the same operator
         seconds was solved before, else from its ILPs (then cached)."""
-        if self.cache is None:
-            return self._solve_stage(problem, time_limit)
         stage = problem.stage
         key = digest(
             [
@@ -238,8 +234,6 @@ class Solver:
 
     def _read_cache(self) -> int:
         """Verified answers from the cache (each lowered and simulated again): their count."""
-        if self.cache is None:
-            return 0
         read = 0
         for windows in self.cache.answers():
             try:
@@ -253,8 +247,8 @@ class Solver:
 
     def _save(self) -> None:
         """Write what was learned to the cache (answers as windows, labels, menus)."""
-        if self.cache is None:
-            return
+        if self.cache.path is None:
+            return  # kept in memory: the answers are here already
         found = [self.space.windows_of(s) for s in self.answers.points]
         self.cache.put_answers([w for w in found if w is not None])
         self.cache.save()
@@ -315,7 +309,7 @@ class Solver:
         if self._minimum is None:
             check_cancel(self.cancel)
             proven = False
-            label = self.cache.label("least") if self.cache else None
+            label = self.cache.label("least")
             if label is not None:
                 proven = label[0]
             elif self._refine_time() > 0:
@@ -326,8 +320,7 @@ class Solver:
                 self.refine_left -= time.perf_counter() - started
                 self.answers.add(refined.schedule)
                 proven = refined.optimal
-                if self.cache:
-                    self.cache.put_label("least", proven, refined.bound)
+                self.cache.put_label("least", proven, refined.bound)
             lowest = self.answers.lowest().predicted_peak_bytes
             self._minimum = self.solve(lowest, self.minimum_effort)
             if not proven and self._minimum.status == "optimal" and self.refines:
@@ -350,14 +343,14 @@ class Solver:
                 f"budget {format_bytes(budget)} is below the feasible minimum "
                 f"{format_bytes(lowest)} ({lowest} bytes)"
             )
-        label = self.cache.label(str(budget)) if self.cache else None
+        label = self.cache.label(str(budget))
         if start.predicted_seconds <= self.baseline.predicted_seconds:
             status, gap = "optimal", 0.0  # nothing recomputed: nothing can be faster
         elif label is not None or self._refine_time() > 0:
             status, gap = self._refine(budget, start, label, effort)
         else:
             status, gap = "feasible", 1.0
-            if self.cache and self.refines:  # out of refinement time: so is a second sweep
+            if self.refines:  # out of refinement time: so is a second sweep
                 self.cache.put_label(str(budget), False, None)
                 self._save()
         chosen = self._copy(self.answers.best_within(budget))
@@ -373,12 +366,11 @@ class Solver:
 
     def swept(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep of this profile solved (from the cache), if any."""
-        return self.cache.sweep(points) if self.cache else None
+        return self.cache.sweep(points)
 
     def remember_sweep(self, points: int, budgets: list[int]) -> None:
-        if self.cache:
-            self.cache.put_sweep(points, budgets)
-            self._save()
+        self.cache.put_sweep(points, budgets)
+        self._save()
 
     def _refine_time(self, effort: float = 1.0) -> float:
         """CBC seconds the next refinement gets (0: none, too little left or too large)."""
@@ -397,9 +389,8 @@ class Solver:
             self.refine_left -= time.perf_counter() - started
             self.answers.add(refined.schedule)
             label = (refined.optimal, refined.bound)
-            if self.cache:
-                self.cache.put_label(str(budget), *label)
-                self._save()
+            self.cache.put_label(str(budget), *label)
+            self._save()
         if label[0]:
             return "optimal", 0.0
         best = self.answers.best_within(budget)

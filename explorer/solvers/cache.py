@@ -9,7 +9,8 @@ second sweep asks the same ones, whose answers are all known, instead of looking
 holes its first run already filled). All but the menus are keyed by the graph, the
 profile's numbers and the solver's settings. Nothing read from the file is trusted: every answer is
 lowered and simulated again before it is used, and a cache written for another graph,
-profile or format is ignored (then overwritten). Plain JSON: never pickle.
+profile or format is ignored (then overwritten). Plain JSON: never pickle. Without a file the
+same record is kept in memory, so one solver never searches a budget twice.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ def digest(data: object) -> str:
 
 
 class SolverCache:
-    """One JSON file; `key` says whose answers these are (graph, profile, solver)."""
+    """One JSON file (None: memory only); `key` says whose answers these are (graph,
+    profile, solver)."""
 
-    def __init__(self, path: str | Path, key: str) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path | None, key: str) -> None:
+        self.path = None if path is None else Path(path)
         self.key = key
         self.data = {
             "format": FORMAT,
@@ -43,6 +45,8 @@ class SolverCache:
             "labels": {},
             "sweeps": {},
         }
+        if self.path is None:
+            return
         try:
             loaded = read_json(self.path, what="solver cache")
         except UserError:
@@ -89,4 +93,5 @@ class SolverCache:
         self.data["sweeps"][str(points)] = budgets
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps(self.data))
+        if self.path is not None:
+            write_atomic(self.path, json.dumps(self.data))
