@@ -157,8 +157,9 @@ class Refiner:
 
     def _windows(self, deadline: float, take, current) -> None:
         """Re-decide windows of stages in turn while time remains: the narrowest reach
-        while a pass over them improves, a wider one once it does not (back to the
-        narrowest after an improvement); done when the widest finds nothing."""
+        while a pass over them improves, then the next wider one, and so on; done when
+        the widest finds nothing. (Going back to the narrowest after each improvement
+        kept sample:gpt's cheap end narrow: +1.9% where wide windows found +0.7%.)"""
         level = 0
         while level < len(REACHES):
             improved = False
@@ -170,7 +171,8 @@ class Refiner:
                 free = range(first, first + WINDOW)
                 take(self.milp.run(min(left, 1.0), before, free=free, reach=REACHES[level]))
                 improved = improved or current() is not before
-            level = 0 if improved else level + 1
+            if not improved:
+                level += 1
 
     def _window_starts(self, windows: Windows) -> list[int]:
         """First stages of the windows to re-decide, overlapping by half: those where the
