@@ -448,7 +448,7 @@ def test_refiner_tries_the_whole_model_again_when_windows_stall():
 def test_a_narrow_window_re_decides_only_what_is_near_its_reads():
     # catches: a reach that is ignored (every window as large as the whole step, each CBC
     # run most of a second on a transformer), and one that drops what the start already
-    # recomputes (the window could then not undo it, and its model would be infeasible)
+    # recomputes (the window would keep it fixed and could never undo it)
     graph, profile = chain_step([64] * 7)
     milp = make_solver("exact", graph, profile).milp
     milp.use_budget(10**6)
