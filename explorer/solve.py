@@ -48,7 +48,8 @@ KEEP_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8)
 TABLE_UNITS = 600
 TABLE_SPAN = 1.3  # the table covers 1.3x what no recomputation needs beyond the context
 REFINE_SECONDS = 4.0  # CBC time per budget for the refinement, when the step is small enough
-MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP the refinement takes on
+MAX_REFINE_SIZE = 2500  # recomputation binaries of the whole-step MILP CBC is run on whole
+MAX_WINDOWED_SIZE = 8000  # up to this many, the refinement re-decides windows of stages only
 # the least peak and the fastest schedule at it get this many budgets' refinement time each:
 # they are the hardest searches of a sweep, and the front's range hangs on the first
 MINIMUM_EFFORT = 2.0
@@ -80,8 +81,9 @@ class Solver:
     `refine_seconds` is the CBC time each budget gets to improve the table's answer with
     the whole-step MILP (0: the table only), `refine_total` what all budgets get together
     (None: no limit), and the searches for the least peak and for the fastest schedule at
-    it `minimum_effort` times a budget's each; the MILP is used only when it has at most
-    `max_refine_size` recomputation binaries, unless `max_refine_size` is None."""
+    it `minimum_effort` times a budget's each. CBC runs on the whole MILP only when it has
+    at most `max_refine_size` recomputation binaries (None: whatever its size); up to
+    MAX_WINDOWED_SIZE, windows of it are refined; above, the table's answers stand."""
 
     name = "chain"
 
@@ -113,6 +115,7 @@ class Solver:
         settings = [
             refine_seconds,
             max_refine_size,
+            MAX_WINDOWED_SIZE,
             whole_share,
             max_stages,
             time_limit,
@@ -145,8 +148,11 @@ class Solver:
         self.refiner: Refiner | None = None
         self.minimum_effort = minimum_effort
         self.share = float("inf")  # a budget's share of the time left (see `pace`)
+        # a larger step is refined with windows only: CBC on its whole model takes seconds to
+        # even start
+        self.whole_runs = max_refine_size is None or self.milp.size <= max_refine_size
         self.refines = refine_seconds > 0 and (
-            max_refine_size is None or self.milp.size <= max_refine_size
+            self.whole_runs or self.milp.size <= MAX_WINDOWED_SIZE
         )
         flat = [o for opts in self.options for o in opts]
         self.setup = SetupReport(
@@ -401,7 +407,7 @@ class Solver:
         """One refiner for all budgets: it learns whether whole-model runs pay off here."""
         if self.refiner is None:
             if self.whole_share is None:
-                self.refiner = Refiner(self.milp, self.schedule_of)
+                self.refiner = Refiner(self.milp, self.schedule_of, whole_runs=self.whole_runs)
             else:  # a solver that chose its share (exact) keeps every run
                 self.refiner = Refiner(self.milp, self.schedule_of, self.whole_share, learn=False)
         return self.refiner

@@ -14,6 +14,7 @@ import pytest
 from helpers import planner
 from ir_graphs import StepBuilder, chain_step, random_step
 
+from explorer import solve
 from explorer.chain import build_chain
 from explorer.errors import UserError
 from explorer.graph import BACKWARD
@@ -21,7 +22,7 @@ from explorer.profile import Profile
 from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
-from explorer.solvers.milp import MilpResult
+from explorer.solvers.milp import MilpResult, StepMilp
 from explorer.solvers.refine import Refiner
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
@@ -381,6 +382,9 @@ class _LastWordMilp:
     def use_budget(self, budget: int) -> None:
         pass
 
+    def use_least_peak(self) -> None:
+        pass
+
     def relaxation(self, time_limit):
         return None
 
@@ -408,9 +412,10 @@ class _FruitlessMilp(_LastWordMilp):
 
     def __init__(self) -> None:
         super().__init__()
-        self.runs = {"whole": 0, "rins": 0, "window": 0}
+        self.runs = {"whole": 0, "rins": 0, "window": 0, "lp": 0}
 
     def relaxation(self, time_limit):
+        self.runs["lp"] += 1
         return 0.0, {}  # a bound that proves nothing: every schedule recomputes
 
     def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
@@ -443,6 +448,48 @@ def test_refiner_tries_the_whole_model_again_when_windows_stall():
     for _ in range(3):
         refiner.fastest(100, _recomputing([["a"]]), 5.0)
     assert milp.runs["whole"] == 2 + 1 + 1  # then only the last run of each search
+
+
+def test_a_large_step_is_refined_with_windows_only():
+    # catches: a step too large for CBC on its whole model (sample:gpt's CPU step: 11 s for
+    # a 5 s run) spending its budgets' seconds on the LP, RINS and whole-model runs, so
+    # that its windows, which find what there is to find, never ran
+    milp = _FruitlessMilp()
+    refiner = Refiner(milp, _recomputing, whole_runs=False)
+    refiner.fastest(100, _recomputing([["a"]]), 0.5)
+    refined = refiner.leanest(_recomputing([["a"]]), 0.5)
+    assert milp.runs == {"whole": 0, "rins": 0, "window": milp.runs["window"], "lp": 0}
+    assert milp.runs["window"] >= 2
+    assert not refined.optimal and refined.bound is None  # nothing proven: gap unknown
+
+
+def test_a_step_too_large_for_whole_model_runs_gets_windows_and_one_too_large_none(
+    cnn, monkeypatch
+):
+    # catches: a step above the whole-model size left to the table (sample:gpt's CPU step:
+    # +12.2% at 0.68 of its activations where windows find +6.9%), and windows run on a
+    # step too large even for them
+    graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
+    table = make_solver("table", graph, profile)
+    windowed = make_solver("chain", graph, profile, max_refine_size=0, refine_total=6.0)
+    assert windowed.refines and not windowed.whole_runs
+    ran: list[int | None] = []
+    run = StepMilp.run
+    monkeypatch.setattr(
+        StepMilp,
+        "run",
+        lambda m, t, s, free=None, **kw: ran.append(free) or run(m, t, s, free, **kw),
+    )
+    front = sweep_budgets(windowed, 4)
+    assert ran and None not in ran  # windows only, never the whole model
+    assert all(p.status == "optimal" or p.gap == 1.0 for p in front)  # nothing proven
+    table_lowest = table.minimum().predicted_peak_bytes
+    assert front[0].predicted_peak_bytes < table_lowest  # the windows found a leaner one
+    for point in front:
+        if point.budget_bytes >= table_lowest:
+            assert point.predicted_overhead <= table.solve(point.budget_bytes).predicted_overhead
+    monkeypatch.setattr(solve, "MAX_WINDOWED_SIZE", 0)
+    assert not make_solver("chain", graph, profile, max_refine_size=0).refines
 
 
 def test_a_narrow_window_re_decides_only_what_is_near_its_reads():

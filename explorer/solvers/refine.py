@@ -15,8 +15,10 @@ nothing: a narrow window is a CBC run several times cheaper, so a budget's secon
 A refiner learns from its own runs: once CBC on the whole model has found nothing twice in a
 row for an objective (neither a better schedule nor a proof), later searches for it give that
 time to the windows, and try the whole model again only when the windows stall (the exact
-solver keeps every run). Every candidate is simulated again; only schedules that fit by
-simulation are kept.
+solver keeps every run). On a step too large for CBC on its whole model (seconds before it
+even starts: sample:gpt's CPU step took 11 s for a 5 s run) the refiner re-decides windows
+only: no LP bound, RINS or whole-model run, so nothing is proven and the gap stays unknown.
+Every candidate is simulated again; only schedules that fit by simulation are kept.
 """
 
 from __future__ import annotations
@@ -58,12 +60,14 @@ class Refiner:
         evaluate: Callable[[Windows], GraphSchedule],
         whole_share: float = WHOLE_SHARE,
         learn: bool = True,
+        whole_runs: bool = True,
     ) -> None:
         self.milp = milp
         self.evaluate = evaluate
         self.windows_of = milp.space.windows_of
         self.whole_share = whole_share
         self.learn = learn
+        self.whole_runs = whole_runs  # False: windows only (CBC on a large whole model is slow)
         self.fruitless: Counter[str] = Counter()  # objective: whole-model runs in a row
 
     def fastest(self, budget: int, start: GraphSchedule, seconds: float) -> Refined:
@@ -113,7 +117,7 @@ class Refiner:
         def proven(bound: float | None) -> bool:
             return bound is not None and value(best, windows) <= bound * (1 + 1e-9) + 1e-12
 
-        relaxed = milp.relaxation(max(seconds, 1.0))
+        relaxed = milp.relaxation(max(seconds, 1.0)) if self.whole_runs else None
         bound = None if relaxed is None else relaxed[0]
 
         def whole(limit: float) -> bool:
@@ -132,7 +136,7 @@ class Refiner:
 
         def tried_whole(limit: float, anyway: bool = False) -> bool:
             """CBC on the whole model if it has paid off here (or `anyway`); remember."""
-            if not (anyway or self._worth(kind)):
+            if not self.whole_runs or not (anyway or self._worth(kind)):
                 return False
             before = best
             proved = whole(limit)
@@ -153,7 +157,7 @@ class Refiner:
 
     def _worth(self, kind: str) -> bool:
         """Whether CBC on the whole model is still worth its time for objective `kind`."""
-        return not self.learn or self.fruitless[kind] < FRUITLESS
+        return self.whole_runs and (not self.learn or self.fruitless[kind] < FRUITLESS)
 
     def _windows(self, deadline: float, take, current) -> None:
         """Re-decide windows of stages in turn while time remains: the narrowest reach
