@@ -473,7 +473,7 @@ def test_a_step_too_large_for_whole_model_runs_gets_windows_and_one_too_large_no
     table = make_solver("table", graph, profile)
     windowed = make_solver("chain", graph, profile, max_refine_size=0, refine_total=6.0)
     assert windowed.refines and not windowed.whole_runs
-    ran: list[int | None] = []
+    ran: list[range | None] = []
     run = StepMilp.run
     monkeypatch.setattr(
         StepMilp,
