@@ -28,7 +28,8 @@ Contract, for users of the wrapped module:
 - BatchNorm running statistics are updated once per forward: buffer updates run in the
   forward only, never in a recomputation;
 - dropout draws the same masks as the unmodified model from the same seed: random operators
-  run once, in the forward, and their (compact) outputs are kept, never drawn again;
+  run once, in the forward; a CPU dropout mask the schedule recomputes is drawn again from the
+  generator state saved before its draw, and the generator is put back (explorer.rngreplay);
 - with gradients disabled the model runs unchanged (no capture at all);
 - a second backward with `retain_graph=True` works, and so do input gradients with
   `create_graph=True`; differentiating those again (double backward, as a WGAN-GP gradient

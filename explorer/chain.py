@@ -11,9 +11,9 @@ k; then the stages on either side only exchange
 - the gradient frontier G_k: backward values made by operators anchored after k and read by
   operators anchored at or before k.
 
-Values that are never recomputed ("pinned": outputs of random operators, so a dropout mask is
-drawn once, of operators that read a graph input the forward overwrites, and the model's
-outputs, which the user holds anyway) are kept for the whole
+Values that are never recomputed ("pinned": outputs of random operators, such as the generator
+state a dropout mask is drawn from, of operators that read a graph input the forward
+overwrites, and the model's outputs, which the user holds anyway) are kept for the whole
 step and are not part of any stage's decisions. Parameters, buffers and inputs are static.
 """
 
@@ -165,7 +165,7 @@ def build_chain(graph: Graph, seconds: dict[str, float], max_stages: int = 48) -
 
 
 def _pinned_values(graph: Graph, forward: list) -> list[ValueRef]:
-    """Values never recomputed: random draws (one mask per step) and the model's outputs."""
+    """Values never recomputed: random operators (drawn once per step) and the model's outputs."""
     outputs = {r[0] for r in graph.model_outputs if r is not None}
     pinned = []
     for node in forward:

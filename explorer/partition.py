@@ -3,7 +3,8 @@
 This is the partition function of our `torch.compile` backend. We first write the schedule into
 the joint graph: its backward section is rebuilt in the schedule's order, and each forward node
 the schedule recomputes is copied in right where the schedule puts it (a node recomputed twice
-is copied twice), reading the values the schedule says are alive at that point. AOTAutograd's own
+is copied twice), reading the values the schedule says are alive at that point (a recomputed
+dropout mask is replayed from its saved generator state: explorer.rngreplay). AOTAutograd's own
 helper `_extract_fwd_bwd_modules` then cuts that scheduled joint graph at the saved values, so
 AOTAutograd's conventions hold (output order, saved-tensor bookkeeping, the forward's buffer
 updates) and a forward value that only a recomputation needs is not computed in the forward.
@@ -20,6 +21,7 @@ from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
 from explorer.fxgraph import is_getitem, is_tangent, value_nodes
 from explorer.graph import BACKWARD, FORWARD, Graph
+from explorer.rngreplay import replay_in_place
 from explorer.schedule import GraphSchedule
 
 RECOMPUTE = "recompute"  # node.meta["remat"] of a recomputation in the backward graph
@@ -52,6 +54,7 @@ def _scheduled_joint(
         if tag is not None:
             made.meta["partitioner_tag"] = "is_backward"
             made.meta["remat"] = tag
+            replay_in_place(made)  # a dropout mask is drawn again from its saved state
         env[node] = made
         for user in node.users:
             if is_getitem(user):

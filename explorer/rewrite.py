@@ -1,13 +1,14 @@
 """Passes over a joint FX graph, applied before it is described, planned and partitioned.
 
 `compact_dropout`: a CPU `native_dropout(x, p)` returns a float output and a bool mask, and the
-backward reads only the mask. Left whole, its float output can never be recomputed (a random
-operator drawn twice would draw another mask), so a plan must keep it: for attention dropout
-that is one (B, heads, T, T) float tensor per layer. The pass splits it into the random draw
-(`bernoulli` on a bool tensor, 1 byte per element, the same draw native_dropout makes from the
-same generator state) and two ordinary multiplications that rebuild the output bitwise
-(`x * mask * scale`, the scale rounded to x's dtype as native_dropout does). The mask stays
-pinned; the float output becomes a value like any other, kept or recomputed as the plan says.
+backward reads only the mask. Left whole, neither can be recomputed (a random operator drawn
+twice would draw another mask), so a plan must keep its float output: for attention dropout
+that is one (B, heads, T, T) float tensor per layer. The pass splits it into a snapshot of the
+generator's state (a few kilobytes, pinned), the mask drawn from that snapshot (1 byte per
+element, the same draw native_dropout makes; see explorer.rngreplay) and two ordinary
+multiplications that rebuild the output bitwise (`x * mask * scale`, the scale rounded to x's
+dtype as native_dropout does). The mask and the output become values like any other, kept or
+recomputed as the plan says: a recomputed mask is drawn again from the snapshot.
 CUDA dropout draws differently (a fused kernel) and is left whole.
 """
 
@@ -18,6 +19,8 @@ import operator
 import torch
 from torch import fx
 from torch._guards import detect_fake_mode
+
+from explorer.rngreplay import BERNOULLI_MASK, RNG_STATE
 
 aten = torch.ops.aten
 
@@ -37,6 +40,8 @@ def compact_dropout(joint: fx.GraphModule) -> int:
             continue
         if x_val.device.type != "cpu" or not x_val.is_contiguous():
             continue
+        if not all(isinstance(size, int) for size in x_val.shape):
+            continue  # a symbolic shape: the mask's shape would have to be read from x
         _split(graph, node, x, x_val, p)
         split += 1
     if split:
@@ -51,8 +56,8 @@ def _split(graph: fx.Graph, node: fx.Node, x: fx.Node, x_val: torch.Tensor, p: f
     fake_mode = detect_fake_mode([x_val])
     tag = node.meta.get("partitioner_tag")
     steps = [
-        (aten.empty_like.default, (x,), {"dtype": torch.bool, "memory_format": _CONTIGUOUS}),
-        (aten.bernoulli.p, (None, keep), {}),
+        (RNG_STATE, (x,), {}),
+        (BERNOULLI_MASK, (None, list(x_val.shape), keep), {}),
         (aten.mul.Tensor, (x, None), {}),
         (aten.mul.Tensor, (None, scale), {}),
     ]
@@ -73,9 +78,6 @@ def _split(graph: fx.Graph, node: fx.Node, x: fx.Node, x_val: torch.Tensor, p: f
             user.replace_all_uses_with(output if user.args[1] == 0 else mask)
             graph.erase_node(user)
     graph.erase_node(node)
-
-
-_CONTIGUOUS = torch.contiguous_format
 
 
 def _vals(args: tuple) -> tuple:

@@ -288,6 +288,34 @@ def test_recurrent_layers_with_dropout(cell):
     assert _same_grads(reference, wrapped.model)
 
 
+def test_recomputed_dropout_masks_leave_the_generator_where_eager_leaves_it():
+    """A recomputed mask is drawn again from its saved generator state, and the generator is put
+    back: steps that are not reseeded (each step's dropout draws from where the last one left
+    the generator) end bitwise where the unmodified model ends, and so does the next draw."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(32, 256), nn.ReLU(), nn.Dropout(0.5),
+        nn.Linear(256, 256), nn.GELU(), nn.Dropout(0.3),
+        nn.Linear(256, 1),
+    ).train()  # fmt: skip
+    x = torch.randn(64, 32)
+    plan, schedule = _lowest(model, x)
+    assert any("bernoulli_mask" in name for name in schedule.recomputed_ops())
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    ends = []
+    for m in (reference, wrapped):
+        torch.manual_seed(5)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+        ends.append((torch.rand(3), [p.detach().clone() for p in m.parameters()]))
+    (expected_draw, expected), (draw, got) = ends
+    assert torch.equal(draw, expected_draw)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
 class _Odd(nn.Module):
     """Constants, an in-place write, and outputs that are the input, a view and a parameter."""
 

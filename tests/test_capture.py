@@ -12,6 +12,7 @@ from explorer.capture import capture
 from explorer.errors import UserError
 from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph
 from explorer.models import build
+from explorer.rngreplay import STATE_BYTES
 
 
 def test_resnet_graph_has_forward_backward_and_buffer_updates():
@@ -51,14 +52,21 @@ def test_fingerprint_and_structure():
     assert bigger.structure() == first.structure()
 
 
-def test_dropout_keeps_a_one_byte_mask_and_a_recomputable_output():
+def test_dropout_keeps_a_generator_state_and_a_recomputable_mask_and_output():
     built = build("sample:gpt", 2, 16)
     graph = capture(built.model, built.example_inputs)[0].graph
+    by_name = {n.name: n for n in graph.nodes}
     targets = [n.target for n in graph.nodes]
     assert "aten.native_dropout.default" not in targets  # breaks if compact_dropout is skipped
-    masks = [n for n in graph.nodes if n.target == "aten.bernoulli.p"]
-    assert masks and all(n.random and n.pinned and n.phase == FORWARD for n in masks)
+    states = [n for n in graph.nodes if n.target == "remat_explorer.rng_state.default"]
+    assert states and all(n.random and n.pinned and n.phase == FORWARD for n in states)
+    assert all(n.outputs[0].nbytes == STATE_BYTES for n in states)
+    masks = [n for n in graph.nodes if n.target == "remat_explorer.bernoulli_mask.default"]
+    assert len(masks) == len(states)
+    assert all(not m.random and not m.pinned and m.phase == FORWARD for m in masks)
     assert all(m.outputs[0].dtype == "torch.bool" for m in masks)
+    # a mask reads only its state: recomputing it needs neither the dropout's input nor output
+    assert all([by_name[r[0]].target for r in m.inputs] == [states[0].target] for m in masks)
     mask_names = {m.name for m in masks}
     rebuilt = [n for n in graph.nodes if any(r[0] in mask_names for r in n.inputs)]
     forward_rebuilds = [n for n in rebuilt if n.phase == FORWARD]
