@@ -48,11 +48,6 @@ def bernoulli_mask(state: torch.Tensor, shape: list[int], p: float) -> torch.Ten
     return torch.empty(shape, dtype=torch.bool).bernoulli_(p)
 
 
-@bernoulli_mask.register_fake
-def _bernoulli_mask_fake(state: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
-    return torch.empty(shape, dtype=torch.bool)
-
-
 @torch.library.custom_op("remat_explorer::replayed_bernoulli_mask", mutates_args=())
 def replayed_bernoulli_mask(state: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
     """`bernoulli_mask`, then the CPU generator is put back as it was before the call."""
@@ -63,12 +58,14 @@ def replayed_bernoulli_mask(state: torch.Tensor, shape: list[int], p: float) -> 
         torch.set_rng_state(current)
 
 
+@bernoulli_mask.register_fake
 @replayed_bernoulli_mask.register_fake
-def _replayed_bernoulli_mask_fake(state: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
+def _mask_fake(state: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.bool)
 
 
 BERNOULLI_MASK = torch.ops.remat_explorer.bernoulli_mask.default
+REPLAYED_BERNOULLI_MASK = torch.ops.remat_explorer.replayed_bernoulli_mask.default
 RNG_STATE = torch.ops.remat_explorer.rng_state.default
 
 
@@ -76,4 +73,4 @@ def replay_in_place(node: fx.Node) -> None:
     """Turn a copied `bernoulli_mask` node (a recomputation) into its replay, which leaves the
     generator as it found it. Other nodes are left alone."""
     if node.target is BERNOULLI_MASK:
-        node.target = torch.ops.remat_explorer.replayed_bernoulli_mask.default
+        node.target = REPLAYED_BERNOULLI_MASK
