@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["LiveBytesTracker", "tensor_bytes", "time_step"]
+__all__ = ["LiveBytesTracker", "requested_bytes", "tensor_bytes", "time_step"]
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -77,11 +77,14 @@ class LiveBytesTracker:
     (oneDNN convolution workspace), non-tensor allocations, and code that bypasses the
     dispatcher. The mode costs some Python per operator, so time steps without it.
 
-    CUDA (``device="cuda"``): ``torch.cuda.memory_allocated`` and ``max_memory_allocated``
-    minus what was allocated at entry (this sees everything the caching allocator hands out,
-    workspaces included), and ``peak_reserved_bytes`` from ``max_memory_reserved``: what the
-    allocator held at most, which is what decides an out-of-memory error. Entering resets
-    the process-wide peak statistics of that device.
+    CUDA (``device="cuda"``): the caching allocator's ``requested_bytes`` statistics minus
+    what was requested at entry: every byte asked of the allocator, tensors and kernel
+    workspaces alike, before it rounds a request up to its 512-byte grain or hands out a
+    whole cached block that it does not split (the quantity the planner predicts). Beside
+    it, ``peak_allocated_bytes`` (``max_memory_allocated``: the blocks handed out, rounding
+    included) and ``peak_reserved_bytes`` (``max_memory_reserved``: what the allocator held
+    at most, which is what decides an out-of-memory error). Entering resets the process-wide
+    peak statistics of that device.
     """
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
@@ -93,6 +96,8 @@ class LiveBytesTracker:
         self._current = 0
         self._peak = 0
         self._cuda_base = 0
+        self._allocated_base = 0
+        self._allocated_peak: int | None = None
         self._reserved_peak: int | None = None
 
     @property
@@ -106,7 +111,8 @@ class LiveBytesTracker:
         self._current = self._peak = 0
         if self._is_cuda:
             torch.cuda.synchronize(self.device)
-            self._cuda_base = torch.cuda.memory_allocated(self.device)
+            self._cuda_base = requested_bytes(self.device)[0]
+            self._allocated_base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self._mode = _NewStorageMode(self._record_outputs)
@@ -137,6 +143,14 @@ class LiveBytesTracker:
         return self._peak
 
     @property
+    def peak_allocated_bytes(self) -> int | None:
+        """CUDA only: the most bytes of allocator blocks handed out since entry (requests
+        rounded up, unsplit cached blocks whole); None on CPU."""
+        if self._active and self._is_cuda:
+            self._read_cuda()
+        return self._allocated_peak
+
+    @property
     def peak_reserved_bytes(self) -> int | None:
         """CUDA only: the caching allocator's peak reservation (absolute); None on CPU."""
         if self._active and self._is_cuda:
@@ -145,8 +159,10 @@ class LiveBytesTracker:
 
     def _read_cuda(self) -> None:
         torch.cuda.synchronize(self.device)
-        self._current = torch.cuda.memory_allocated(self.device) - self._cuda_base
-        self._peak = torch.cuda.max_memory_allocated(self.device) - self._cuda_base
+        current, peak = requested_bytes(self.device)
+        self._current = current - self._cuda_base
+        self._peak = peak - self._cuda_base
+        self._allocated_peak = torch.cuda.max_memory_allocated(self.device) - self._allocated_base
         self._reserved_peak = torch.cuda.max_memory_reserved(self.device)
 
     def _record_outputs(self, inputs: Any, outputs: Any) -> None:
@@ -179,6 +195,13 @@ class LiveBytesTracker:
             for _, finalizer in self._live.values():
                 finalizer.detach()
             self._live.clear()
+
+
+def requested_bytes(device: torch.device) -> tuple[int, int]:
+    """The bytes asked of the CUDA caching allocator now and at most since its peak statistics
+    were last reset, as asked (before rounding): what tensors and workspaces occupy."""
+    stats = torch.cuda.memory_stats(device)
+    return stats["requested_bytes.all.current"], stats["requested_bytes.all.peak"]
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:

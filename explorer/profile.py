@@ -23,6 +23,7 @@ from explorer.errors import UserError
 from explorer.execute import op_table, store
 from explorer.fxgraph import is_tangent
 from explorer.graph import Graph
+from explorer.memory import requested_bytes
 from explorer.program import baseline_schedule, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 
@@ -158,14 +159,16 @@ class _Timer:
 
 
 def _workspace(device: torch.device, fn, out_bytes: int) -> int:
+    """Bytes an operator asks the CUDA allocator for beyond its outputs (cuDNN and cuBLAS
+    workspaces), as requested: the allocator's rounding is not the operator's."""
     if device.type != "cuda":
         return 0
     torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated(device)
+    base = requested_bytes(device)[0]
     torch.cuda.reset_peak_memory_stats(device)
     fn()
     torch.cuda.synchronize()
-    return max(0, torch.cuda.max_memory_allocated(device) - base - out_bytes)
+    return max(0, requested_bytes(device)[1] - base - out_bytes)
 
 
 def profile_graph(

@@ -137,5 +137,9 @@ def test_cuda_uses_allocator_statistics() -> None:
         del a
         assert tracker.current_bytes == 0
         assert tracker.peak_bytes == (1 << 20) * FLOAT
+        b = torch.empty(1001, dtype=torch.uint8, device="cuda")  # the allocator rounds to 1024
+        assert tracker.current_bytes == 1001
+        assert tracker.peak_allocated_bytes >= (1 << 20) * FLOAT
+        del b
         assert tracker.peak_reserved_bytes >= (2 << 20) * FLOAT
     del before
