@@ -32,6 +32,22 @@ def test_a_different_gradient_fails_its_row():
     ).ok
 
 
+def test_a_difference_passes_only_if_no_less_accurate_than_eager_against_float64():
+    """A GPU's captured graph runs other kernels than eager (and TF32): neither bitwise nor
+    close, it passes only where a float64 run shows it no less accurate than eager."""
+    gen = torch.Generator().manual_seed(0)
+    exact = torch.randn(1000, dtype=torch.float64, generator=gen)
+    noise = 1e-3 * torch.randn(1000, dtype=torch.float64, generator=gen)
+    reference = (exact + noise).float()  # eager's error
+    candidate = (exact - noise).float()  # as large, the other way: 2e-3 from eager
+    assert not compare("g", [(reference, candidate)]).ok
+    row = compare("g", [(reference, candidate)], [exact])
+    assert row.ok and "no further from float64" in row.note
+    worse = (exact + 3 * noise).float()
+    assert not compare("g", [(reference, worse)], [exact]).ok
+    assert not compare("g", [(reference, candidate)], [None]).ok  # no float64 answer: no pass
+
+
 def test_peak_row_can_fail():
     schedule = {"predicted_peak_bytes": 1000, "budget_bytes": 1010}
     assert _peak_row(1000, schedule).ok
