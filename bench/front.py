@@ -22,8 +22,8 @@ timed in `--repeats` rounds that run every variant once each (the order rotating
 to round), so that a noisy machine slows all of them alike; a variant's time is the median
 over rounds of its step time over eager's in the same round. Then one untimed step each
 under `LiveBytesTracker` (on CPU the live-tensor meter, one thread; with --device cuda,
-torch.cuda.max_memory_allocated), plus the parameters, buffers and inputs: a whole-step
-peak, the quantity the planner predicts.
+the bytes requested of the caching allocator), plus the parameters, buffers and inputs: a
+whole-step peak, the quantity the planner predicts.
 
 torch.compile's backend (`--compile-backend auto`): inductor on CUDA; aot_eager on CPU,
 because inductor's CPU code allocates its buffers outside the dispatcher, where the live-tensor
@@ -559,7 +559,7 @@ def main() -> None:
                 "device": front.setup.get("device"),
                 "threads": torch.get_num_threads(),
                 "meter": (
-                    "torch.cuda.max_memory_allocated"
+                    "CUDA caching allocator, bytes requested (requested_bytes.all.peak)"
                     if device.type == "cuda"
                     else "explorer.memory.LiveBytesTracker (live tensor bytes)"
                 )
