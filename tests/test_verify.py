@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import planner
+from torch import nn
 
 import explorer
 from explorer.errors import UserError
@@ -46,6 +47,48 @@ def test_a_difference_passes_only_if_no_less_accurate_than_eager_against_float64
     worse = (exact + 3 * noise).float()
     assert not compare("g", [(reference, worse)], [exact]).ok
     assert not compare("g", [(reference, candidate)], [None]).ok  # no float64 answer: no pass
+
+
+class _OtherKernels(nn.Module):
+    """Eager and the compiled graph run different arithmetic, as eager and a captured graph do
+    on a GPU: in float32 eager rounds the input to bfloat16 (7-bit mantissa), the compiled graph
+    to float16 (10 bits), so the compiled step is nearer the float64 answer; `shift` makes it
+    wrong instead. In float64 neither rounds: the exact answer."""
+
+    def __init__(self, shift: float = 0.0) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.b = nn.Linear(64, 8)
+        self.norm = nn.BatchNorm1d(64)
+        self.shift = shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shift = 0.0
+        if x.dtype == torch.float32:
+            if torch.compiler.is_compiling():
+                x, shift = x.to(torch.float16).to(x.dtype), self.shift
+            else:
+                x = x.to(torch.bfloat16).to(x.dtype)
+        return self.b(torch.tanh(self.norm(self.a(x)) + shift))
+
+
+@pytest.mark.parametrize("shift", [0.0, 1e-2])
+def test_verify_measures_other_arithmetic_against_a_float64_step(tmp_path, shift):
+    """End to end: a schedule whose arithmetic differs from eager's passes verify if no less
+    accurate than eager against the float64 step (same state, seed and tangents), and fails
+    if it is wrong. Catches a float64 step that draws other tangents or starts from another
+    state: eager's error would then be large and let a wrong schedule through."""
+    torch.manual_seed(0)
+    model, x = _OtherKernels(shift), torch.randn(32, 64)
+    plan = explorer.Planner(model, (x,))
+    path = plan.baseline().export(tmp_path / "kernels.py")
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    rows = {r.quantity: r for r in report.rows}
+    if shift:
+        assert not rows["outputs"].ok and not rows["parameter gradients"].ok
+    else:
+        assert report.ok, report.format_table()
+        assert "no further from float64" in rows["parameter gradients"].note
 
 
 def test_peak_row_can_fail():
