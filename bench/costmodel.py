@@ -1,6 +1,6 @@
 """Benchmark: the analytic cost model against a measured profile, on the device at hand.
 
-    python bench/costmodel.py [--device cuda] [--model-device h100] [--points 8]
+    python bench/costmodel.py [--device cuda|cpu] [--model-device h100] [--points 8]
         [--models resnet50:8:128 sample:gpt:8:256 mobilenet_v2:16:96]
 
 For each model: profile every operator on `--device` (CUDA events on a GPU), cost the same
@@ -21,6 +21,8 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -119,7 +121,11 @@ def report(result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="where to profile")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to profile (default: cuda where there is one)",
+    )
     parser.add_argument("--model-device", default="h100", help="the analytic model's device")
     parser.add_argument("--points", type=int, default=8)
     parser.add_argument(

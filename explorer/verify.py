@@ -270,12 +270,17 @@ def verify(
     checks = {name: pairs for name, pairs in checks.items() if pairs or name == "outputs"}
     rows = {name: compare(name, pairs) for name, pairs in checks.items()}
     if exact_model is not None and not all(r.ok for r in rows.values()):
+        exact, failure = {}, ""
         try:
             with _deterministic(dev):
                 exact = _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out)
-        except (RuntimeError, TypeError):  # a model that cannot run in float64: rows stand
-            exact = {}
+        except (RuntimeError, TypeError) as exc:  # out of memory, or no float64 kernel
+            first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+            failure = f"the float64 step could not run ({type(exc).__name__}: {first})"
         rows = {name: compare(name, pairs, exact.get(name)) for name, pairs in checks.items()}
+        for row in rows.values():
+            if failure and not row.ok:
+                row.note += f"; {failure}"
     del exact_model
 
     report = VerifyReport(str(path), [_plan_row(wrapped), *rows.values()])

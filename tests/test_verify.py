@@ -91,6 +91,23 @@ def test_verify_measures_other_arithmetic_against_a_float64_step(tmp_path, shift
         assert "no further from float64" in rows["parameter gradients"].note
 
 
+class _NoFloat64(_OtherKernels):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64:
+            raise RuntimeError("CUDA out of memory (as a float64 step of a large model may be)")
+        return super().forward(x)
+
+
+def test_a_float64_step_that_cannot_run_leaves_the_rows_failed_and_says_why(tmp_path):
+    torch.manual_seed(0)
+    model, x = _NoFloat64(), torch.randn(32, 64)
+    path = explorer.Planner(model, (x,)).baseline().export(tmp_path / "nofloat64.py")
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    gradients = next(r for r in report.rows if r.quantity == "parameter gradients")
+    assert not report.ok and not gradients.ok
+    assert "the float64 step could not run (RuntimeError: CUDA out of memory" in gradients.note
+
+
 def test_peak_row_can_fail():
     schedule = {"predicted_peak_bytes": 1000, "budget_bytes": 1010}
     assert _peak_row(1000, schedule).ok
