@@ -286,9 +286,10 @@ def verify(
     report = VerifyReport(str(path), [_plan_row(wrapped), *rows.values()])
     ref_peak, new_peak = ref_meter.peak_bytes, new_meter.peak_bytes
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
-        ref_peak, new_peak, allocated, reserved = _cuda_peaks(
-            reference, wrapped, args, kwargs, seed, autocast
-        )
+        with _explained(path, schedule):
+            ref_peak, new_peak, allocated, reserved = _cuda_peaks(
+                reference, wrapped, args, kwargs, seed, autocast
+            )
         report.measurements["CUDA allocated peak (bytes)"] = static + allocated
         report.measurements["CUDA reserved peak (bytes)"] = reserved
     report.rows.append(_peak_row(static + new_peak, schedule))
