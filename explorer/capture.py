@@ -24,7 +24,7 @@ import torch
 from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
-from explorer.errors import UserError
+from explorer.errors import UserError, first_line
 from explorer.graph import PLACEHOLDER, ROLE_CONSTANT, ROLE_INPUT, ROLE_TANGENT, Graph
 from explorer.modelstate import kept, tensors_in
 from explorer.program import Handoff, baseline_schedule
@@ -110,7 +110,7 @@ def capture(
         except UserError:
             raise
         except Exception as exc:  # Dynamo or AOTAutograd could not capture the model
-            raise UserError(f"cannot capture the model: {_first_line(exc)}") from exc
+            raise UserError(f"cannot capture the model: {first_line(exc)}") from exc
     captured, recorder.captured = recorder.captured, []  # the cache entry must not hold them
     _handoffs(captured, tensors_in((args, kwargs)), tensors_in(result))
     for graph in captured:
@@ -156,12 +156,6 @@ def _handoffs(
 
 def _storage(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 @contextlib.contextmanager

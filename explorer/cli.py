@@ -34,7 +34,7 @@ import threading  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from explorer.errors import Cancelled, UserError  # noqa: E402
+from explorer.errors import Cancelled, UserError, message_line  # noqa: E402
 from explorer.units import format_bytes  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -336,13 +336,13 @@ def main(argv: list[str] | None = None) -> int:
                 return _interrupted()
             if _out_of_memory(err):
                 return _fail(
-                    f"out of memory ({_first_line(err)}); "
+                    f"out of memory ({message_line(err)}); "
                     "use a smaller --batch-size or --input-size"
                 )
             if os.environ.get("REMAT_EXPLORER_DEBUG"):  # a bug: one line, traceback on request
                 raise
             return _fail(
-                f"internal error: {type(err).__name__}: {_first_line(err)} "
+                f"internal error: {type(err).__name__}: {message_line(err)} "
                 "(set REMAT_EXPLORER_DEBUG=1 for the traceback)",
                 EXIT_INTERNAL,
             )
@@ -411,11 +411,6 @@ def _out_of_memory(err: Exception) -> bool:
         isinstance(err, RuntimeError)
         and ("can't allocate memory" in text or "out of memory" in text)
     )
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -7,3 +7,16 @@ class UserError(Exception):
 
 class Cancelled(Exception):
     """Long work stopped because its CancelToken was set."""
+
+
+def message_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name if it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's type and the first line of its message, to quote it in one line."""
+    if not str(exc).strip():
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {message_line(exc)}"

@@ -95,7 +95,7 @@ class LiveBytesTracker:
         self._active = False
         self._current = 0
         self._peak = 0
-        self._cuda_base = 0
+        self._requested_base = 0
         self._allocated_base = 0
         self._allocated_peak: int | None = None
         self._reserved_peak: int | None = None
@@ -111,7 +111,7 @@ class LiveBytesTracker:
         self._current = self._peak = 0
         if self._is_cuda:
             torch.cuda.synchronize(self.device)
-            self._cuda_base = requested_bytes(self.device)[0]
+            self._requested_base = requested_bytes(self.device)[0]
             self._allocated_base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
@@ -160,8 +160,8 @@ class LiveBytesTracker:
     def _read_cuda(self) -> None:
         torch.cuda.synchronize(self.device)
         current, peak = requested_bytes(self.device)
-        self._current = current - self._cuda_base
-        self._peak = peak - self._cuda_base
+        self._current = current - self._requested_base
+        self._peak = peak - self._requested_base
         self._allocated_peak = torch.cuda.max_memory_allocated(self.device) - self._allocated_base
         self._reserved_peak = torch.cuda.max_memory_reserved(self.device)
 

@@ -33,7 +33,7 @@ import torchvision
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from explorer.errors import UserError
+from explorer.errors import UserError, message_line
 from explorer.units import format_bytes
 from sample_models import SAMPLE_MODELS
 
@@ -173,7 +173,7 @@ def _make_torchvision(name: str, input_size: int | None) -> _Made:
         model = torchvision.models.get_model(name, **kwargs)
     except (ValueError, AssertionError) as err:  # the builder rejected the size
         raise UserError(
-            f"{name} cannot be built for input size {size}: {_first_line(err)}"
+            f"{name} cannot be built for input size {size}: {message_line(err)}"
         ) from None
     return _Made(model, "image", size, default)
 
@@ -299,7 +299,7 @@ def _example_inputs(
         return (torch.randn(shape, generator=gen),)
     except RuntimeError as err:  # torch.OutOfMemoryError is one, so is a failed CPU malloc
         raise UserError(
-            f"batch size {batch_size} does not fit in memory ({_first_line(err)}); "
+            f"batch size {batch_size} does not fit in memory ({message_line(err)}); "
             "use a smaller --batch-size"
         ) from None
 
@@ -360,7 +360,7 @@ def _size_error(spec: str, made: _Made, batch_size: int, err: Exception) -> str:
         )
     advice = "a larger" if made.kind == "image" else "another"
     return (
-        f"input size {made.size} does not work for {spec} ({_first_line(err)}); "
+        f"input size {made.size} does not work for {spec} ({message_line(err)}); "
         f"try {advice} --input-size (default {made.default_size})"
     )
 
@@ -408,13 +408,7 @@ def _describe(err: BaseException) -> str:
     """'RuntimeError: boom', one line; a SystemExit says it tried to exit."""
     if isinstance(err, SystemExit):
         return f"SystemExit({err.code!r}): it tried to end the program"
-    return f"{type(err).__name__}: {_first_line(err)}"
-
-
-def _first_line(err: BaseException) -> str:
-    """An exception's first message line, so a UserError stays one line."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    return f"{type(err).__name__}: {message_line(err)}"
 
 
 def _is_int(value: object) -> bool:

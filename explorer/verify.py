@@ -49,10 +49,10 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from explorer.backend import EXACT, RematError, wrap_with_schedule
-from explorer.errors import UserError
+from explorer.errors import UserError, first_line
 from explorer.export import read_module
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
-from explorer.modelstate import tensors_in
+from explorer.modelstate import grad_holders, tensors_in
 from explorer.units import format_bytes
 
 RTOL = 1e-5
@@ -275,8 +275,7 @@ def verify(
             with _deterministic(dev):
                 exact = _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out)
         except (RuntimeError, TypeError) as exc:  # out of memory, or no float64 kernel
-            first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
-            failure = f"the float64 step could not run ({type(exc).__name__}: {first})"
+            failure = f"the float64 step could not run ({first_line(exc)})"
         rows = {name: compare(name, pairs, exact.get(name)) for name, pairs in checks.items()}
         for row in rows.values():
             if failure and not row.ok:
@@ -350,12 +349,12 @@ def _cuda_peaks(reference, wrapped, args, kwargs, seed, autocast) -> tuple[int, 
     """One more step of each model, gradients cleared first, under the user's kernel settings:
     the unmodified and the scheduled peaks as requested of the allocator, and the scheduled
     step's allocated and reserved peaks."""
+    dev = tensors_in((args, kwargs))[0].device
     peaks = []
     for model in (reference, wrapped):
-        for parameter in model.parameters():
-            parameter.grad = None
         step_args, step_kwargs = _fresh_inputs(args, kwargs)
-        dev = tensors_in((args, kwargs))[0].device
+        for tensor in grad_holders(model, (step_args, step_kwargs)):
+            tensor.grad = None
         with _autocast(dev, autocast), LiveBytesTracker(dev) as meter:
             training_step(model, step_args, seed, step_kwargs)
         peaks.append(meter)
