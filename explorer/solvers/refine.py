@@ -92,8 +92,16 @@ class Refiner:
     def leanest(self, start: GraphSchedule, seconds: float) -> Refined:
         """The least peak, from `start`."""
 
+        def saved(s: GraphSchedule) -> float:
+            windows = self.windows_of(s)
+            return float("inf") if windows is None else self.milp.saved_bytes(windows)
+
         def better(s: GraphSchedule, best: GraphSchedule) -> bool:
-            return s.predicted_peak_bytes < best.predicted_peak_bytes
+            """A lower peak, or the same peak with less saved by the forward (the MILP's
+            tie-break: it lets the windows make progress the peak does not show yet)."""
+            if s.predicted_peak_bytes != best.predicted_peak_bytes:
+                return s.predicted_peak_bytes < best.predicted_peak_bytes
+            return saved(s) < saved(best)
 
         def value(s: GraphSchedule, windows: Windows) -> float:
             return float(s.predicted_peak_bytes)
