@@ -122,8 +122,8 @@ def test_time_limit_leaves_an_honest_label():
 @pytest.mark.parametrize("seed", [0, 1, 6])
 def test_least_peak_windows_break_ties_towards_saving_less(seed):
     # catches: windows that take only a lower peak (from a least-peak schedule that saves
-    # more than it must, none is taken: on sample:gpt the windows then stalled at 0.264 to
-    # 0.270 of the activations), and a window objective without the tie-break (CBC then
+    # more than it must, none is taken: on sample:gpt the windows then stalled at 0.264 of
+    # the activations in 16 s), and a window objective without the tie-break (CBC then
     # returns any least-peak schedule: 16 of 0 to 48 saved bytes on seed 0)
     graph, profile = random_step(random.Random(seed), 5)
     solver = make_solver("table", graph, profile)
