@@ -45,16 +45,20 @@ def kind(target: str) -> str:
     return next((k for k in KINDS if op.startswith(k)), "other")
 
 
-def by_kind(graph: Graph, measured: Profile, analytic: Profile) -> dict[str, list]:
-    """Per kind: [operators, measured seconds, analytic seconds]."""
+def by_kind(
+    graphs: list[Graph], measured: list[Profile], analytic: list[Profile]
+) -> dict[str, list]:
+    """Per kind, over every graph of the step: [operators, measured seconds, analytic
+    seconds]."""
     table: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
-    for node in graph.nodes:
-        if node.phase == PLACEHOLDER:
-            continue
-        row = table[kind(node.target)]
-        row[0] += 1
-        row[1] += measured.time_of(node.name)
-        row[2] += analytic.time_of(node.name)
+    for graph, m, a in zip(graphs, measured, analytic, strict=True):
+        for node in graph.nodes:
+            if node.phase == PLACEHOLDER:
+                continue
+            row = table[kind(node.target)]
+            row[0] += 1
+            row[1] += m.time_of(node.name)
+            row[2] += a.time_of(node.name)
     return dict(table)
 
 
@@ -72,10 +76,7 @@ def measure(spec: str, batch: int, size: int, device: str, model_device: str, po
     measured = plan.profile()
     graphs = plan.capture()
     analytic = [analytic_profile(g, model_device) for g in graphs]
-    kinds: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
-    for g, m, a in zip(graphs, measured.graphs, analytic, strict=True):
-        for name, (count, ms, an) in by_kind(g, m, a).items():
-            kinds[name] = [kinds[name][0] + count, kinds[name][1] + ms, kinds[name][2] + an]
+    kinds = by_kind(graphs, measured.graphs, analytic)
     front = plan.sweep(points=points)
     base = rescored_seconds(graphs, analytic, plan.baseline())
     rows = [
@@ -92,7 +93,7 @@ def measure(spec: str, batch: int, size: int, device: str, model_device: str, po
         "input_size": size,
         "device": measured.device_name,
         "model_device": model_device,
-        "kinds": dict(kinds),
+        "kinds": kinds,
         "points": rows,
     }
 

@@ -326,13 +326,14 @@ class Solver:
                 proven = label[0]
             elif self._refine_time() > 0:
                 started = time.perf_counter()
-                charged = self._refine_time(self.minimum_effort)
                 effort = self.minimum_effort
                 if not self.whole_runs:
                     effort = max(effort, WINDOWED_LEAST_EFFORT)
-                refined = self._refiner().leanest(self.answers.lowest(), self._refine_time(effort))
-                # the windowed step's extra time is the least peak's own, not the budgets'
-                self.refine_left -= min(time.perf_counter() - started, charged)
+                seconds = self._refine_time(effort)
+                # a windowed step's extra time is the least peak's own, not the budgets'
+                extra = seconds - self._refine_time(self.minimum_effort)
+                refined = self._refiner().leanest(self.answers.lowest(), seconds)
+                self.refine_left -= max(time.perf_counter() - started - extra, 0.0)
                 self.answers.add(refined.schedule)
                 proven = refined.optimal
                 self.cache.put_label("least", proven, refined.bound)

@@ -287,7 +287,7 @@ def verify(
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
             ref_peak, new_peak, allocated, reserved = _cuda_peaks(
-                reference, wrapped, args, kwargs, seed, autocast
+                reference, wrapped, args, kwargs, seed, autocast, dev
             )
         report.measurements["CUDA allocated peak (bytes)"] = static + allocated
         report.measurements["CUDA reserved peak (bytes)"] = reserved
@@ -345,11 +345,12 @@ def _float64_step(
     }
 
 
-def _cuda_peaks(reference, wrapped, args, kwargs, seed, autocast) -> tuple[int, int, int, int]:
+def _cuda_peaks(
+    reference, wrapped, args, kwargs, seed, autocast, dev: torch.device
+) -> tuple[int, int, int, int]:
     """One more step of each model, gradients cleared first, under the user's kernel settings:
     the unmodified and the scheduled peaks as requested of the allocator, and the scheduled
     step's allocated and reserved peaks."""
-    dev = tensors_in((args, kwargs))[0].device
     peaks = []
     for model in (reference, wrapped):
         step_args, step_kwargs = _fresh_inputs(args, kwargs)
