@@ -28,6 +28,7 @@ if _AS_PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import threading  # noqa: E402
@@ -40,6 +41,7 @@ from explorer.units import format_bytes  # noqa: E402
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
+_LIBRARIES = ("torch", "torchvision")  # loaded first, where Ctrl+C exits at once
 
 
 class _Parser(argparse.ArgumentParser):
@@ -322,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     with interrupts.handled():
         try:
             args = build_parser().parse_args(argv)
+            if args.func is not cmd_app:  # the dashboard loads torch in its own kernel
+                interrupts.load(_LIBRARIES)
             code = args.func(args)
             sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError now
             return code
@@ -354,12 +358,26 @@ class _Interrupts:
 
     def __init__(self) -> None:
         self.seen = False
+        self.loading = False
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if self.loading:
+            _exit_interrupted(signum, frame)
         if self.seen:
             os._exit(EXIT_INTERRUPTED)
         self.seen = True
         raise KeyboardInterrupt
+
+    def load(self, modules: tuple[str, ...]) -> None:
+        """Import `modules` with Ctrl+C exiting at once. Their C++ initialisers call back
+        into Python, and a KeyboardInterrupt raised there cannot cross C++: the process
+        aborted (exit -6, a C++ trace). Nothing is written before this, so nothing is lost."""
+        self.loading = True
+        try:
+            for name in modules:
+                importlib.import_module(name)
+        finally:
+            self.loading = False
 
     @contextlib.contextmanager
     def handled(self) -> Iterator[None]:

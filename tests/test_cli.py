@@ -384,6 +384,37 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+_CALLS_BACK_FROM_C = """
+import ctypes, os, signal, sys
+compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+def interrupted_inside(a, b):
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl+C while C code is calling Python
+    return 0
+numbers = (ctypes.c_int * 2)(2, 1)
+ctypes.CDLL(None).qsort(numbers, 2, ctypes.sizeof(ctypes.c_int), compare(interrupted_inside))
+print("the import went on", flush=True)
+"""
+
+
+def test_ctrl_c_while_a_library_calls_back_from_c_exits_at_once(tmp_path):
+    # torch's C++ initialisers call Python; a KeyboardInterrupt raised there aborted the CLI
+    # (exit -6, once in CI). ctypes stands in for them here: it swallows the exception, so
+    # a handler that raises lets the import and the command go on (exit 0, "went on").
+    (tmp_path / "calls_back_from_c.py").write_text(_CALLS_BACK_FROM_C)
+    program = (
+        "import sys, explorer.cli as cli; "
+        "cli._LIBRARIES = ('calls_back_from_c',); sys.exit(cli.main(['models']))"
+    )
+    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]])}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env,
+        preexec_fn=_default_sigint, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["remat-explorer: interrupted"], done.stderr
+    assert "went on" not in done.stdout
+
+
 @pytest.mark.parametrize("delay", [0.1, 0.5, 1.5, 3.0])
 def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, delay):
     # 0.1 and 0.5 s land while Python loads torch, later ones during capture, profile or the
