@@ -361,7 +361,7 @@ class _Interrupts:
         self.loading = False
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if self.loading:
+        if self.loading and _AS_PROGRAM:  # in a caller's process, theirs to end or not
             _exit_interrupted(signum, frame)
         if self.seen:
             os._exit(EXIT_INTERRUPTED)
@@ -369,9 +369,9 @@ class _Interrupts:
         raise KeyboardInterrupt
 
     def load(self, modules: tuple[str, ...]) -> None:
-        """Import `modules` with Ctrl+C exiting at once. Their C++ initialisers call back
-        into Python, and a KeyboardInterrupt raised there cannot cross C++: the process
-        aborted (exit -6, a C++ trace). Nothing is written before this, so nothing is lost."""
+        """Import `modules` with Ctrl+C exiting the program at once. Their C++ initialisers
+        call back into Python, and a KeyboardInterrupt raised there cannot cross C++: the
+        process aborted (exit -6, a C++ trace). Nothing is written before this."""
         self.loading = True
         try:
             for name in modules:

@@ -402,7 +402,7 @@ def test_ctrl_c_while_a_library_calls_back_from_c_exits_at_once(tmp_path):
     # a handler that raises lets the import and the command go on (exit 0, "went on").
     (tmp_path / "calls_back_from_c.py").write_text(_CALLS_BACK_FROM_C)
     program = (
-        "import sys, explorer.cli as cli; "
+        "import sys; sys.argv[0] = 'remat-explorer'; import explorer.cli as cli; "
         "cli._LIBRARIES = ('calls_back_from_c',); sys.exit(cli.main(['models']))"
     )
     env = {**_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]])}
