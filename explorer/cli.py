@@ -35,7 +35,7 @@ import threading  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from explorer.errors import Cancelled, UserError, message_line  # noqa: E402
+from explorer.errors import Cancelled, UserError, first_line, message_line  # noqa: E402
 from explorer.units import format_bytes  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -346,8 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             if os.environ.get("REMAT_EXPLORER_DEBUG"):  # a bug: one line, traceback on request
                 raise
             return _fail(
-                f"internal error: {type(err).__name__}: {message_line(err)} "
-                "(set REMAT_EXPLORER_DEBUG=1 for the traceback)",
+                f"internal error: {first_line(err)} (set REMAT_EXPLORER_DEBUG=1 for the traceback)",
                 EXIT_INTERNAL,
             )
 

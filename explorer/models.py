@@ -33,7 +33,7 @@ import torchvision
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from explorer.errors import UserError, message_line
+from explorer.errors import UserError, first_line, message_line
 from explorer.units import format_bytes
 from sample_models import SAMPLE_MODELS
 
@@ -408,7 +408,7 @@ def _describe(err: BaseException) -> str:
     """'RuntimeError: boom', one line; a SystemExit says it tried to exit."""
     if isinstance(err, SystemExit):
         return f"SystemExit({err.code!r}): it tried to end the program"
-    return f"{type(err).__name__}: {message_line(err)}"
+    return first_line(err)
 
 
 def _is_int(value: object) -> bool:

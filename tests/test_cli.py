@@ -405,7 +405,8 @@ def test_ctrl_c_while_a_library_calls_back_from_c_exits_at_once(tmp_path):
         "import sys; sys.argv[0] = 'remat-explorer'; import explorer.cli as cli; "
         "cli._LIBRARIES = ('calls_back_from_c',); sys.exit(cli.main(['models']))"
     )
-    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]])}
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, env=env,
         preexec_fn=_default_sigint, timeout=120,
