@@ -138,3 +138,39 @@ def test_least_peak_windows_break_ties_towards_saving_less(seed):
     found = refiner.leanest(start, 5.0).schedule
     assert found.predicted_peak_bytes == least
     assert milp.saved_bytes(solver.space.windows_of(found)) == fewest
+
+
+def _random_step(seed: int):
+    return random_step(random.Random(seed), 5)
+
+
+def _tiny_cnn():  # bytes in the MILP scaled down (the random steps' are not)
+    plan = planner("sample:tiny_cnn", 4, 16)
+    return plan.capture()[0], plan.profile().graphs[0]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [lambda: _random_step(0), lambda: _random_step(4), lambda: _random_step(11), _tiny_cnn],
+    ids=["random0", "random4", "random11", "tiny_cnn"],
+)
+def test_one_lp_bounds_every_budget_and_never_above_its_own_lp(step):
+    # catches: a bound carried from the LP at one budget to another (the peak's reduced cost)
+    # with the wrong sign or scale: it would claim more than the LP at that budget proves,
+    # and label a schedule optimal, or with too small a gap, that is neither
+    graph, profile = step()
+    solver = make_solver("exact", graph, profile, time_limit=5)
+    milp = solver.milp
+    low = solver.minimum().predicted_peak_bytes
+    high = solver.baseline.predicted_peak_bytes
+    relaxations = []
+    for k in range(6):
+        milp.use_budget(low + (high - low) * k // 5)
+        relaxations.append(milp.relaxation(20))
+    carried = 0
+    for own in relaxations:
+        assert own.bound_at(own.budget) == pytest.approx(own.bound, rel=1e-5)
+        for other in relaxations:
+            assert other.bound_at(own.budget) <= own.bound + 1e-9 * max(own.bound, 1.0)
+            carried += other is not own and other.bound_at(own.budget) > 0.0
+    assert carried >= 3  # bounds that do carry over (not all 0: the test would prove nothing)

@@ -22,7 +22,7 @@ from explorer.profile import Profile
 from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
-from explorer.solvers.milp import MilpResult, StepMilp
+from explorer.solvers.milp import MilpResult, Relaxation, StepMilp
 from explorer.solvers.refine import Refiner
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
@@ -373,7 +373,7 @@ class _LastWordMilp:
     """A stand-in for StepMilp: CBC finds nothing until its second run on the whole model,
     which finds a faster schedule (recomputing "a") and proves it optimal."""
 
-    n, stages = 0, []
+    n, stages, budget = 0, [], None
 
     def __init__(self) -> None:
         self.space = SimpleNamespace(windows_of=lambda s: [list(s.recomputed)], empty=lambda: [[]])
@@ -416,7 +416,7 @@ class _FruitlessMilp(_LastWordMilp):
 
     def relaxation(self, time_limit):
         self.runs["lp"] += 1
-        return 0.0, {}  # a bound that proves nothing: every schedule recomputes
+        return Relaxation(0.0, {}, None, None)  # proves nothing: every schedule recomputes
 
     def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
         self.runs["whole" if free is None else "window"] += 1
@@ -436,8 +436,35 @@ def test_refiner_stops_whole_model_runs_that_find_nothing(learn):
     for _ in range(4):  # under a second each: the windows do not stall long enough to retry
         refiner.fastest(100, _recomputing([["a"]]), 0.9)
     assert milp.runs["whole"] == (2 if learn else 8)  # first and last of a search
-    assert milp.runs["rins"] == 4  # cheap, and guided by the LP: always tried
+    # the LP and RINS lead only while the whole model pays off (on UNet, they took the
+    # second and a half each budget had, and the windows got none); the LP still comes
+    # after the windows, for the bound
+    assert milp.runs["rins"] == (1 if learn else 4)
+    assert milp.runs["lp"] == 4
     assert milp.runs["window"] >= 4
+
+
+class _SlopedMilp(_FruitlessMilp):
+    """A stand-in whose LP at any budget proves 1 s, and 0.01 s more per byte less."""
+
+    def use_budget(self, budget: int) -> None:
+        self.budget = budget
+
+    def relaxation(self, time_limit):
+        self.runs["lp"] += 1
+        return Relaxation(1.0, {}, self.budget, -0.01)
+
+
+def test_an_lp_at_one_budget_bounds_the_others():
+    # catches: each budget's label reading only its own LP (so a budget whose search had no
+    # time left for it was labelled "gap unknown"), or an LP carried the wrong way
+    milp = _SlopedMilp()
+    refiner = Refiner(milp, _recomputing)
+    refiner.fastest(100, _recomputing([["a"]]), 0.3)
+    lower = refiner.fastest(90, _recomputing([["a"]]), 0.3)
+    assert lower.bound == pytest.approx(1.1, rel=1e-5)  # the LP at 100 proves more here
+    higher = refiner.fastest(110, _recomputing([["a"]]), 0.3)
+    assert higher.bound == pytest.approx(1.0, rel=1e-5)  # its own
 
 
 def test_refiner_tries_the_whole_model_again_when_windows_stall():
