@@ -174,3 +174,19 @@ def test_one_lp_bounds_every_budget_and_never_above_its_own_lp(step):
             assert other.bound_at(own.budget) <= own.bound + 1e-9 * max(own.bound, 1.0)
             carried += other is not own and other.bound_at(own.budget) > 0.0
     assert carried >= 3  # bounds that do carry over (not all 0: the test would prove nothing)
+
+
+def test_an_lp_stopped_by_its_time_limit_bounds_nothing():
+    # catches: taking the objective of a simplex that CBC stopped on its time limit (PuLP
+    # reports it solved) as the LP's bound: on a 2-layer GPT one stopped after 0.05 s read
+    # 0.30 s where the LP's optimum is 0.07 s, enough to label a slow schedule optimal
+    plan = planner("bench.small_graphs:gpt_2_layers", 2, 32)
+    solver = make_solver("exact", plan.capture()[0], plan.profile().graphs[0], time_limit=20)
+    milp = solver.milp
+    fixed = solver.fixed_bytes
+    milp.use_budget(fixed + (solver.baseline.predicted_peak_bytes - fixed) // 2)
+    solved = milp.relaxation(None)
+    assert solved is not None and solved.bound > 0.0
+    for limit in (0.01, 0.05):
+        stopped = milp.relaxation(limit)  # None, unless this machine solves it in time
+        assert stopped is None or stopped.bound == pytest.approx(solved.bound, rel=1e-6)

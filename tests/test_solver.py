@@ -391,7 +391,7 @@ class _LastWordMilp:
     def seconds_of(self, windows) -> float:
         return 1.0 if windows == [["a"]] else 2.0
 
-    def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
+    def run(self, time_limit, start=None, free=None, reach=None) -> MilpResult:
         if free is None:
             self.whole_runs += 1
             if self.whole_runs == 2:
@@ -418,7 +418,7 @@ class _FruitlessMilp(_LastWordMilp):
         self.runs["lp"] += 1
         return Relaxation(0.0, {}, None, None)  # proves nothing: every schedule recomputes
 
-    def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
+    def run(self, time_limit, start=None, free=None, reach=None) -> MilpResult:
         self.runs["whole" if free is None else "window"] += 1
         return MilpResult(None, False, None, None)
 
@@ -553,7 +553,7 @@ class _WideMilp(_FruitlessMilp):
         super().__init__()
         self.reaches: list[int | None] = []
 
-    def run(self, time_limit, start=None, free=None, reach=None, relax=False) -> MilpResult:
+    def run(self, time_limit, start=None, free=None, reach=None) -> MilpResult:
         if free is None:
             return MilpResult(None, False, None, None)
         self.reaches.append(reach)

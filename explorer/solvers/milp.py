@@ -330,7 +330,6 @@ class StepMilp:
         start: Windows | None = None,
         free: range | None = None,
         reach: int | None = None,
-        relax: bool = False,
     ) -> MilpResult:
         """Solve under the current objective, from `start` (CBC's MIP start). With `free`
         (and a start), only the windows of those stages may change: CBC then gets the model
@@ -342,13 +341,12 @@ class StepMilp:
         prob = self.prob
         if free is not None and start is not None:
             prob = self._neighbourhood(free, reach)
-        outcome = cbc.solve(prob, time_limit, warm_start=start is not None, relax=relax)
+        outcome = cbc.solve(prob, time_limit, warm_start=start is not None)
         bound = None if free else self._bound(outcome.bound)
         if not outcome.found:
             return MilpResult(None, False, None, bound)
-        windows = None if relax else self.windows()
         objective = (outcome.objective or 0.0) * self.unit
-        return MilpResult(windows, outcome.optimal and not free, objective, bound)
+        return MilpResult(self.windows(), outcome.optimal and not free, objective, bound)
 
     def count(self, windows: Windows) -> float | None:
         """The MILP's least peak for exactly these recomputations (everything else left to
@@ -428,9 +426,10 @@ class StepMilp:
         return sub
 
     def relaxation(self, time_limit: float | None) -> Relaxation | None:
-        """The LP relaxation under the current objective; None if not solved."""
+        """The LP relaxation under the current objective; None if not solved to optimality
+        (a simplex stopped by its time limit proves no bound; PuLP calls it solved)."""
         outcome = cbc.solve(self.prob, time_limit, relax=True)
-        if not outcome.found or outcome.objective is None:
+        if not outcome.optimal or outcome.objective is None:
             return None
         values = {x.name: x.varValue or 0.0 for x in [*self.redo.values(), *self.avail.values()]}
         bound = self._bound(outcome.objective) or 0.0

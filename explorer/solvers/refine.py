@@ -176,7 +176,7 @@ class Refiner:
         whole_share = self.whole_share if self._worth(kind) else 0.0
         self._windows(deadline - left() * whole_share, take, lambda: windows, width)
         if self.whole_runs and not guided and left() >= self.lp_seconds:
-            lp = self._bound(self._relax(left()))
+            lp = self._bound(self._relax(max(left(), 2 * self.lp_seconds)))
             bound = lp if bound is None or lp is None else max(bound, lp)
             if proven(bound):
                 return Refined(best, True, bound)
@@ -239,5 +239,5 @@ def lp_bound(milp: StepMilp, budget: int, seconds: float) -> float | None:
     """The LP relaxation's least recomputation seconds within `budget`: a valid lower bound
     for every schedule of the space (None if the LP was not solved in time)."""
     milp.use_budget(budget)
-    outcome = milp.run(seconds, None, relax=True)
-    return outcome.objective
+    relaxed = milp.relaxation(seconds)
+    return None if relaxed is None else relaxed.bound
