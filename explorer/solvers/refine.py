@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from explorer.schedule import GraphSchedule
 from explorer.solvers.milp import Relaxation, StepMilp
@@ -191,7 +191,7 @@ class Refiner:
         relaxed = self.milp.relaxation(max(seconds, 1.0))
         self.lp_seconds = time.perf_counter() - started
         if relaxed is not None and relaxed.slope is not None:
-            self.relaxations.append(relaxed)
+            self.relaxations.append(replace(relaxed, values={}))  # its bound is what lasts
         return relaxed
 
     def _bound(self, relaxed: Relaxation | None) -> float | None:
