@@ -142,7 +142,7 @@ class Refiner:
         # it comes after the windows, for its bound, if there is time (see _relax)
         guided = self._worth(kind)
         relaxed = self._relax(seconds) if guided else None
-        bound = self._bound(relaxed)
+        bound = self._best_bound(relaxed)
 
         def whole(limit: float) -> bool:
             """CBC on the whole model from the best schedule; True once it is proven."""
@@ -176,7 +176,7 @@ class Refiner:
         whole_share = self.whole_share if self._worth(kind) else 0.0
         self._windows(deadline - left() * whole_share, take, lambda: windows, width)
         if self.whole_runs and not guided and left() >= self.lp_seconds:
-            lp = self._bound(self._relax(max(left(), 2 * self.lp_seconds)))
+            lp = self._best_bound(self._relax(max(left(), 2 * self.lp_seconds)))
             bound = lp if bound is None or lp is None else max(bound, lp)
             if proven(bound):
                 return Refined(best, True, bound)
@@ -194,7 +194,7 @@ class Refiner:
             self.relaxations.append(replace(relaxed, values={}))  # its bound is what lasts
         return relaxed
 
-    def _bound(self, relaxed: Relaxation | None) -> float | None:
+    def _best_bound(self, relaxed: Relaxation | None) -> float | None:
         """The best lower bound known for the current objective: its own LP's, or what the
         LPs solved at other budgets prove at this one."""
         bounds = [relaxed.bound] if relaxed is not None else []
