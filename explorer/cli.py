@@ -180,8 +180,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"{'budget':>12} {'predicted peak':>15} {'overhead':>9} {'solve s':>8} {'gap':>6}  status"
     )
     update, close = _tqdm_progress("sweep")
+    printed: dict[int, float] = {}  # id of each point printed: the gap it showed
 
     def row(point) -> None:
+        printed[id(point)] = point.gap
         print(
             f"{format_bytes(point.budget_bytes):>12} "
             f"{format_bytes(point.predicted_peak_bytes):>15} "
@@ -194,6 +196,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         front = plan.sweep(args.points, args.time_limit, progress=update, on_point=row)
     finally:
         close()
+    bounded = [p for p in front.points if printed.get(id(p), p.gap) != p.gap]
+    if bounded:
+        print("gaps bounded afterwards, with the time the sweep left:")
+        for point in bounded:
+            row(point)
     front.save(out / "front.json")
     print(
         f"front: {len(front.points)} Pareto points; no recomputation "

@@ -380,6 +380,31 @@ class Solver:
         share of the refinement time left, at most `refine_seconds`."""
         self.share = self.refine_left / max(budgets, 1)
 
+    def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
+        """Spend the refinement time a sweep left unused on lower bounds at solved `budgets`
+        that have none above zero (their search ran out of time before its LP): the LP
+        relaxation at each, highest budget first, unless the LPs solved so far carry one
+        to it. Returns the new bounds (recomputation seconds), also saved in the cache."""
+        if not (self.refines and self.whole_runs) or self.refiner is None:
+            return {}
+        found: dict[int, float] = {}
+        for budget in sorted(set(budgets), reverse=True):
+            label = self.cache.label(str(budget))
+            if label is None or label[0] or (label[1] or 0.0) > 0.0:
+                continue  # not solved, proven, or bounded already
+            bound = self.refiner.bound(budget)
+            if (bound or 0.0) <= 0.0 and self.refine_left >= max(self.refiner.lp_seconds, 1.0):
+                check_cancel(self.cancel)
+                started = time.perf_counter()
+                bound = self.refiner.bound(budget, self.refine_left)
+                self.refine_left -= time.perf_counter() - started
+            if bound is not None and bound > 0.0:
+                found[budget] = bound
+                self.cache.put_label(str(budget), False, bound)
+        if found:
+            self._save()
+        return found
+
     def swept(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep of this profile solved (from the cache), if any."""
         return self.cache.sweep(points)

@@ -194,6 +194,12 @@ class StepSolver:
         if len(self.solvers) == 1:
             self.solvers[0].remember_sweep(points, budgets)
 
+    def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
+        """Lower bounds for solved budgets without one (see Solver.bound_unknown): for a
+        single graph only, whose budgets are the step's (several graphs share each budget
+        out, and a step's gap is its worst graph's)."""
+        return self.solvers[0].bound_unknown(budgets) if len(self.solvers) == 1 else {}
+
     def _shared(self, budget: int) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits."""
         lowest = self.minimum()

@@ -16,6 +16,7 @@ from explorer.files import read_json, write_atomic
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
 from explorer.solve import Solver
+from explorer.solvers.answers import relative_gap
 from explorer.units import format_bytes, parse_budget
 
 SCHEMA = 2
@@ -170,7 +171,8 @@ def sweep_budgets(
     the range). A hole that remains is real for this solver: asked for a budget just under
     its upper end, it answers with the point under its lower end. A solver that swept this
     profile before (its cache) is asked the budgets it was asked then. Before each budget the
-    solver is told how many may follow, so that its search time lasts to the last one."""
+    solver is told how many may follow, so that its search time lasts to the last one; what
+    is left at the end buys lower bounds for the points whose gap is still unknown."""
     if points < 2:
         raise UserError("a sweep needs at least 2 points")
     low = solver.minimum().predicted_peak_bytes
@@ -203,9 +205,21 @@ def sweep_budgets(
                 break
             solver.pace(points // 2 - k)
             solve(budget)
+        report(progress, len(solved), total, "lower bounds for the unknown gaps")
+        _label_unknown_gaps(solver, solved)
         solver.remember_sweep(points, [p.budget_bytes for p in solved])
     report(progress, total, total, "done")
     return pareto(solved)
+
+
+def _label_unknown_gaps(solver: Solver, solved: list[FrontPoint]) -> None:
+    """Label the points whose gap is unknown with the bounds the solver finds in the time
+    the sweep left (in place: a dashboard holds these points)."""
+    bounds = solver.bound_unknown([p.budget_bytes for p in solved if p.gap >= 1.0])
+    for point in solved:
+        if point.budget_bytes in bounds:
+            redo = point.schedule.predicted_seconds - solver.baseline.predicted_seconds
+            point.gap = point.schedule.gap = relative_gap(redo, bounds[point.budget_bytes])
 
 
 def _hole_budget(front: list[FrontPoint], span: int, tried: set[int]) -> int | None:

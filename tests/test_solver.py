@@ -23,7 +23,7 @@ from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
 from explorer.solvers.milp import MilpResult, Relaxation, StepMilp
-from explorer.solvers.refine import Refiner
+from explorer.solvers.refine import Refined, Refiner
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
 from explorer.sweep import sweep_budgets
@@ -246,6 +246,32 @@ def test_a_second_sweep_is_as_quick_when_the_first_ran_out_of_time(cnn, tmp_path
     assert again.refine_left == 1.0
 
 
+def test_a_sweep_spends_the_time_it_left_on_bounds_for_unknown_gaps(cnn, tmp_path, monkeypatch):
+    # catches: a sweep that ends with seconds unused while budgets whose search ran out of
+    # time before its LP stay labelled "gap unknown" (UNet: 6 of 12 budgets, 8 to 12 s of
+    # its 45 left), a bound that is not a bound (above the budget's own LP), and labels a
+    # second sweep of the same profile forgets
+    monkeypatch.setattr(Refiner, "fastest", lambda r, b, s, t: Refined(s, False, None))
+    graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
+    path = tmp_path / "solver_cache.json"
+    solver = make_solver("chain", graph, profile, cache=path, refine_total=30.0)
+    front = sweep_budgets(solver, 6)
+    base = solver.baseline.predicted_seconds
+    recomputing = [p for p in front if p.schedule.predicted_seconds > base]
+    assert len(recomputing) >= 3
+    milp = solver.milp
+    for point in recomputing:
+        assert point.gap < 1.0 and point.gap == point.schedule.gap
+        bound = (1 - point.gap) * (point.schedule.predicted_seconds - base)
+        milp.use_budget(point.budget_bytes)
+        assert 0.0 < bound <= milp.relaxation(None).bound * (1 + 1e-6)
+    again = make_solver("chain", graph, profile, cache=path, refine_total=30.0)
+    second = sweep_budgets(again, 6)
+    assert [p.budget_bytes for p in second] == [p.budget_bytes for p in front]
+    assert [p.gap for p in second] == pytest.approx([p.gap for p in front], rel=1e-9)
+    assert again.refine_left == 30.0  # nor searched again
+
+
 def test_damaged_cache_is_ignored_and_rewritten(cnn, tmp_path):
     # catches: trusting a cache file (a schedule in it could be for another step)
     path = tmp_path / "solver_cache.json"
@@ -293,6 +319,9 @@ class _GrowingStaircase:
 
     def remember_sweep(self, points: int, budgets: list[int]) -> None:
         self.memory[points] = budgets
+
+    def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
+        return {}
 
 
 def test_a_second_sweep_asks_the_budgets_the_first_asked():

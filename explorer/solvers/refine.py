@@ -21,9 +21,10 @@ exact solver) at every budget of three sweeps, where the LP-first order missed i
 five of twelve. The LP comes after the windows instead, if time is left, for its bound; and
 every LP solved under a budget bounds the other budgets too (explorer.solvers.milp.Relaxation),
 so a budget without an LP of its own is labelled from the others' (gap 1.0, unknown, when none
-reaches it). On a step too large for CBC on its whole model (seconds before it even starts:
-sample:gpt's CPU step took 11 s for a 5 s run) the refiner re-decides windows only: no LP
-bound, RINS or whole-model run, so nothing is proven and the gap stays unknown.
+reaches it, until a sweep spends the time it left on LPs at such budgets: Solver.bound_unknown).
+On a step too large for CBC on its whole model (seconds before it even starts: sample:gpt's
+CPU step took 11 s for a 5 s run) the refiner re-decides windows only: no LP bound, RINS or
+whole-model run, so nothing is proven and the gap stays unknown.
 Every candidate is simulated again; only schedules that fit by simulation are kept.
 """
 
@@ -183,6 +184,12 @@ class Refiner:
         stalled = left() >= 1.0  # the windows found nothing more: try the whole model again
         proved = tried_whole(left(), anyway=stalled)  # before reading `best`: it may improve it
         return Refined(best, proved or proven(bound), bound)
+
+    def bound(self, budget: int, seconds: float | None = None) -> float | None:
+        """The best lower bound known at `budget`: what the LPs solved at other budgets
+        carry to it, and, given `seconds`, its own LP's."""
+        self.milp.use_budget(budget)
+        return self._best_bound(None if seconds is None else self._relax(seconds))
 
     def _relax(self, seconds: float) -> Relaxation | None:
         """The LP relaxation under the current objective (remembered: under a budget it
