@@ -44,6 +44,11 @@ WINDOW = 8  # stages re-decided at once
 # is raised by what every earlier layer keeps (sample:gpt: 0.271 -> 0.265 of the activations
 # in 8 s, 0.268 -> 0.259 in 16 s)
 LEAN_WINDOW = 16
+WINDOW_SECONDS = 1.0  # CBC time limit of one window run
+# ... of one least-peak window run: a window of 16 stages often needs more than a second to
+# lower the peak (sample:gpt's least peak in 16 s: 0.259 to 0.266 of the activations in eight
+# runs with 1 s, median 0.263; 0.251 to 0.263 in nine with 3 s, median 0.259)
+LEAN_WINDOW_SECONDS = 3.0
 REACHES = (2, 4, None)  # producers back from a stage's reads its window re-decides (None: all)
 FIRST_SHARE = 0.25  # share of the time for CBC on the whole model first (proves small steps)
 RINS_SHARE = 0.25  # share of the time left for RINS (at most a second)
@@ -96,7 +101,9 @@ class Refiner:
             return self.milp.seconds_of(windows)
 
         objective = lambda: self.milp.use_budget(budget)  # noqa: E731
-        return self._search("fastest", start, seconds, objective, better, value, WINDOW)
+        return self._search(
+            "fastest", start, seconds, objective, better, value, WINDOW, WINDOW_SECONDS
+        )
 
     def leanest(self, start: GraphSchedule, seconds: float) -> Refined:
         """The least peak, from `start`."""
@@ -116,10 +123,20 @@ class Refiner:
             return float(s.predicted_peak_bytes)
 
         objective = self.milp.use_least_peak
-        return self._search("leanest", start, seconds, objective, better, value, LEAN_WINDOW)
+        return self._search(
+            "leanest", start, seconds, objective, better, value, LEAN_WINDOW, LEAN_WINDOW_SECONDS
+        )
 
     def _search(
-        self, kind: str, start: GraphSchedule, seconds: float, objective, better, value, width: int
+        self,
+        kind: str,
+        start: GraphSchedule,
+        seconds: float,
+        objective,
+        better,
+        value,
+        width: int,
+        window_seconds: float,
     ) -> Refined:
         started = time.perf_counter()
         deadline = started + seconds
@@ -175,7 +192,8 @@ class Refiner:
             if proven(bound):
                 return Refined(best, True, bound)
         whole_share = self.whole_share if self._worth(kind) else 0.0
-        self._windows(deadline - left() * whole_share, take, lambda: windows, width)
+        window_end = deadline - left() * whole_share
+        self._windows(window_end, take, lambda: windows, width, window_seconds)
         if self.whole_runs and not guided and left() >= self.lp_seconds:
             lp = self._best_bound(self._relax(max(left(), 2 * self.lp_seconds)))
             bound = lp if bound is None or lp is None else max(bound, lp)
@@ -214,11 +232,12 @@ class Refiner:
         """Whether CBC on the whole model is still worth its time for objective `kind`."""
         return self.whole_runs and (not self.learn or self.fruitless[kind] < FRUITLESS)
 
-    def _windows(self, deadline: float, take, current, width: int) -> None:
-        """Re-decide windows of `width` stages in turn while time remains: the narrowest reach
-        while a pass over them improves, then the next wider one, and so on; done when
-        the widest finds nothing. (Going back to the narrowest after each improvement
-        kept sample:gpt's cheap end narrow: +1.9% where wide windows found +0.7%.)"""
+    def _windows(self, deadline: float, take, current, width: int, seconds: float) -> None:
+        """Re-decide windows of `width` stages in turn (each CBC run at most `seconds`) while
+        time remains: the narrowest reach while a pass over them improves, then the next
+        wider one, and so on; done when the widest finds nothing. (Going back to the
+        narrowest after each improvement kept sample:gpt's cheap end narrow: +1.9% where
+        wide windows found +0.7%.)"""
         level = 0
         while level < len(REACHES):
             improved = False
@@ -228,7 +247,7 @@ class Refiner:
                     return
                 before = current()
                 free = range(first, first + width)
-                take(self.milp.run(min(left, 1.0), before, free=free, reach=REACHES[level]))
+                take(self.milp.run(min(left, seconds), before, free=free, reach=REACHES[level]))
                 improved = improved or current() is not before
             if not improved:
                 level += 1
