@@ -194,9 +194,10 @@ class RematBackend:
         self.plans.append(plan)
         if plan.over_budget and how != EXACT and graph.structure() not in self._warned:
             self._warned.add(graph.structure())
+            need, budget_text = _sizes(peak, budget)
             warnings.warn(
-                f"remat-explorer: a graph captured again ({how}) needs {_mib(peak)} under the "
-                f"carried-over plan, more than its budget {_mib(budget)}; plan this shape "
+                f"remat-explorer: a graph captured again ({how}) needs {need} under the "
+                f"carried-over plan, more than its budget {budget_text}; plan this shape "
                 "or setting to get a schedule made for it",
                 RematWarning,
                 stacklevel=2,
@@ -227,6 +228,14 @@ def _check_fits(graph: Graph, schedule: GraphSchedule) -> None:
 
 def _mib(n: int | None) -> str:
     return "none" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _sizes(need: int, budget: int | None) -> tuple[str, str]:
+    """`need` and `budget` for a message saying one exceeds the other: in MiB, or in bytes
+    where the MiB read the same ("needs 0.1 MiB, more than its budget 0.1 MiB")."""
+    if _mib(need) == _mib(budget):
+        return f"{need} bytes", f"{budget} bytes"
+    return _mib(need), _mib(budget)
 
 
 def _closest(schedules: list[GraphSchedule], graph: Graph) -> GraphSchedule | None:

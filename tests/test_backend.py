@@ -15,7 +15,15 @@ import torch
 from torch import nn
 
 import explorer
-from explorer.backend import EXACT, MAPPED, RESIZED, RematError, RematWarning, wrap_with_schedule
+from explorer.backend import (
+    EXACT,
+    MAPPED,
+    RESIZED,
+    RematError,
+    RematWarning,
+    _sizes,
+    wrap_with_schedule,
+)
 
 
 def _lowest(model: nn.Module, *args, **kwargs):
@@ -166,6 +174,13 @@ def test_a_smaller_last_batch_and_a_larger_one(planned):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RematWarning)  # said once, not at every step
         wrapped(big).sum().backward()
+
+
+def test_an_over_budget_warning_shows_two_different_sizes():
+    # catches: "needs 0.1 MiB under the carried-over plan, more than its budget 0.1 MiB",
+    # which five of these tests' warnings read
+    assert _sizes(120_000, 110_000) == ("120000 bytes", "110000 bytes")
+    assert _sizes(3 * 2**20, 2**20) == ("3.0 MiB", "1.0 MiB")
 
 
 def test_channels_last_and_permuted_inputs(planned):
