@@ -195,8 +195,9 @@ class Refiner:
         window_end = deadline - left() * whole_share
         self._windows(window_end, take, lambda: windows, width, window_seconds)
         if self.whole_runs and not guided and left() >= self.lp_seconds:
-            lp = self._best_bound(self._relax(max(left(), 2 * self.lp_seconds)))
-            bound = lp if bound is None or lp is None else max(bound, lp)
+            bound = _largest(
+                [bound, self._best_bound(self._relax(max(left(), 2 * self.lp_seconds)))]
+            )
             if proven(bound):
                 return Refined(best, True, bound)
         stalled = left() >= 1.0  # the windows found nothing more: try the whole model again
@@ -225,8 +226,7 @@ class Refiner:
         bounds = [relaxed.bound] if relaxed is not None else []
         if self.milp.budget is not None:
             bounds += [r.bound_at(self.milp.budget) for r in self.relaxations]
-        known = [b for b in bounds if b is not None]
-        return max(known) if known else None
+        return _largest(bounds)
 
     def _worth(self, kind: str) -> bool:
         """Whether CBC on the whole model is still worth its time for objective `kind`."""
@@ -259,6 +259,12 @@ class Refiner:
         starts = list(range(0, max(n - step, 1), step))
         busy = {i for i, t in enumerate(self.milp.stages) if windows[t]}
         return sorted(starts, key=lambda f: -len(busy & set(range(f, f + width))))
+
+
+def _largest(bounds: list[float | None]) -> float | None:
+    """The best of several lower bounds, the unknown (None) left out."""
+    known = [b for b in bounds if b is not None]
+    return max(known) if known else None
 
 
 def lp_bound(milp: StepMilp, budget: int, seconds: float) -> float | None:
