@@ -1,16 +1,33 @@
 """Shared test settings: one CPU thread (stable, and fair on a 2-core machine), GPU tests
-skipped without CUDA, and tests marked `slow` run after all the others."""
+skipped without CUDA, tests marked `slow` run after all the others, and `quick_search` for
+tests about exactness rather than the solver's quality."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+
+from explorer.solvers import registry
+
+QUICK_SEARCH_TOTAL = 8.0  # CBC seconds a quick_search sweep refines with, all budgets together
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture
+def quick_search(monkeypatch):
+    """The default solver with QUICK_SEARCH_TOTAL seconds of refinement per graph instead of
+    explorer.solve.REFINE_TOTAL (45 s, which every sweep of a large step spends). Its
+    schedules come from the same table and the same refinement, less polished: for tests
+    that verify what a schedule does, not how good it is (tests/test_solver_quality.py)."""
+    chain = functools.partial(registry.SOLVERS["chain"], refine_total=QUICK_SEARCH_TOTAL)
+    monkeypatch.setitem(registry.SOLVERS, "chain", chain)
 
 
 def pytest_collection_modifyitems(config, items):

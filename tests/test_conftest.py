@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import conftest
+from helpers import planner
+
+from explorer.solve import REFINE_TOTAL
 
 
 @dataclass
@@ -21,3 +24,11 @@ def test_slow_tests_run_after_the_others_in_their_own_order() -> None:
     items = [_Item("a", {"slow"}), _Item("b"), _Item("c", {"slow"}), _Item("d")]
     conftest.pytest_collection_modifyitems(None, items)
     assert [item.name for item in items] == ["b", "d", "a", "c"]
+
+
+def test_quick_search_reaches_the_solver_a_planner_builds(quick_search) -> None:
+    # catches: a quick_search the Planner no longer sees (the exactness tests would spend
+    # the full refinement on every sweep again, and CI would creep past its limit unnoticed)
+    solver = planner("sample:tiny_mlp", 2, None).solver()
+    assert [s.refine_left for s in solver.solvers] == [conftest.QUICK_SEARCH_TOTAL]
+    assert conftest.QUICK_SEARCH_TOTAL < REFINE_TOTAL

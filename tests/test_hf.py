@@ -66,7 +66,7 @@ def _t5():
 
 
 @pytest.mark.parametrize("build", [_bert, _gpt2, _t5], ids=["bert", "gpt2", "t5"])
-def test_one_training_step_equals_the_model(build):
+def test_one_training_step_equals_the_model(build, quick_search):
     torch.manual_seed(0)
     model, inputs = build()
     plan = explorer.Planner(model, (), inputs)
@@ -80,7 +80,7 @@ def test_one_training_step_equals_the_model(build):
     assert rows["parameter gradients"].measured == "bitwise equal"
 
 
-def test_keyword_call_with_another_sequence_length():
+def test_keyword_call_with_another_sequence_length(quick_search):
     torch.manual_seed(0)
     model, inputs = _bert()
     plan = explorer.Planner(model, (), inputs)

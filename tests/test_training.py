@@ -131,7 +131,7 @@ def test_fine_tuning_that_unfreezes_the_backbone(cnn):
     assert len(wrapped.plans) == 2
 
 
-def test_gpt_with_dropout_and_other_sequence_lengths(tmp_path):
+def test_gpt_with_dropout_and_other_sequence_lengths(tmp_path, quick_search):
     plan = planner("sample:gpt", 2, 32)
     front = plan.sweep(points=4)
     path = front.points[0].schedule.export(tmp_path / "gpt_low.py")
