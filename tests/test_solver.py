@@ -23,7 +23,13 @@ from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
 from explorer.solvers.milp import MilpResult, Relaxation, StepMilp
-from explorer.solvers.refine import LEAN_WINDOW_SECONDS, WINDOW_SECONDS, Refined, Refiner
+from explorer.solvers.refine import (
+    LEAN_WINDOW_SECONDS,
+    REACHES,
+    WINDOW_SECONDS,
+    Refined,
+    Refiner,
+)
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
 from explorer.sweep import sweep_budgets
@@ -619,3 +625,47 @@ def test_windows_widen_only_when_narrow_ones_find_nothing():
     refined = Refiner(milp, _faster_with_a, learn=False).fastest(100, _faster_with_a([[]]), 60)
     assert refined.schedule.recomputed == ["a"]
     assert milp.reaches == [2, 4, 4, None]
+
+
+class _OnceBetterMilp(_FruitlessMilp):
+    """A stand-in with 24 stages: the first window run finds a faster schedule (recomputing
+    "a" at the first stage), every later one nothing; it records where each window run
+    started from."""
+
+    n = 24
+    stages = list(range(24))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.space = SimpleNamespace(windows_of=self.windows_of, empty=self.windows)
+        self.started: list[tuple[int, int | None, tuple]] = []
+
+    def windows(self, first: list[str] | None = None) -> list[list[str]]:
+        return [list(first or [])] + [[] for _ in range(self.n - 1)]
+
+    def windows_of(self, schedule: GraphSchedule) -> list[list[str]]:
+        return self.windows(schedule.recomputed)
+
+    def run(self, time_limit, start=None, free=None, reach=None) -> MilpResult:
+        if free is None:
+            return super().run(time_limit, start, free, reach)
+        self.started.append((free.start, reach, tuple(map(tuple, start))))
+        if len(self.started) == 1:
+            return MilpResult(self.windows(["a"]), False, 1.0, None)
+        return MilpResult(None, False, None, None)
+
+
+def test_a_window_is_not_run_again_from_the_schedule_it_started_from():
+    # catches: the pass after an improvement running again every window that had already
+    # found nothing from the improved schedule: deterministic CBC runs of a second or so
+    # each, repeated, where a wider window could have been tried
+    milp = _OnceBetterMilp()
+
+    def evaluate(windows) -> GraphSchedule:
+        return _recomputing(windows, seconds=1.0 if windows[0] == ["a"] else 2.0)
+
+    refined = Refiner(milp, evaluate, whole_runs=False).fastest(100, evaluate(milp.windows()), 30)
+    assert refined.schedule.recomputed == ["a"]
+    assert len(milp.started) == len(set(milp.started))
+    windows = len({first for first, _, _ in milp.started})
+    assert len(milp.started) == 1 + windows * len(REACHES)  # the first, again from the new one

@@ -275,7 +275,7 @@ class StepMilp:
             prob += mem + f.workspace.get(a, 0) * sc * x <= self.peak
             self.mem[(i, a)] = mem
             frees = []
-            for root in self._touched(a):
+            for root in sorted(self._touched(a)):  # one model whatever the hash seed
                 s = f.storages[root]
                 if not s.nbytes or root in read_now or s.held_in_backward(t):
                     continue
@@ -538,7 +538,7 @@ class StepMilp:
             x = 1 if (i, a) in chosen else 0
             current += sum(f.storages[r].nbytes for r in self.ops_makes[a]) * sc * x
             self.mem[(i, a)].setInitialValue(current)
-            for root in self._touched(a):
+            for root in sorted(self._touched(a)):  # one model whatever the hash seed
                 y = self.freed.get((i, root, a))
                 if y is None:
                     continue
