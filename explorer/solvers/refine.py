@@ -239,9 +239,7 @@ class Refiner:
         narrowest after each improvement kept sample:gpt's cheap end narrow: +1.9% where
         wide windows found +0.7%.) A window is not run again from a schedule it already
         started from: the pass after an improvement would otherwise repeat every window run
-        since, each of which had found nothing, and the widest reach would repeat its last
-        pass until the deadline.
-        """
+        since, each a CBC run that had found nothing from that very schedule."""
         level = 0
         tried: set[tuple[int, int, tuple[tuple[str, ...], ...]]] = set()
         while level < len(REACHES):
