@@ -106,7 +106,7 @@ class StepMilp:
         self.size = sum(len(c) for c in self.candidates)  # recomputation binaries
         self.prob: pulp.LpProblem | None = None
         self._rows_of: dict[str, list[int]] | None = None
-        self._touched_cache: dict[str, set[Root]] = {}
+        self._touched_cache: dict[str, tuple[Root, ...]] = {}
 
     def build(self) -> None:
         """Write the model (PuLP); separate from __init__ so `size` can be read first."""
@@ -239,10 +239,12 @@ class StepMilp:
                 continue
             self.prob += self._state(nxt, t) + f.backward_at[t] * self.scale <= self.peak
 
-    def _touched(self, a: str) -> set[Root]:
-        """Storages operator a reads or allocates (cached: the warm start asks often)."""
+    def _touched(self, a: str) -> tuple[Root, ...]:
+        """Storages operator a reads or allocates, sorted: the rows written for them come in
+        the same order whatever the hash seed, so CBC reads one model in every process
+        (cached: the warm start asks often)."""
         if a not in self._touched_cache:
-            self._touched_cache[a] = set(self.ops_reads[a]) | set(self.ops_makes[a])
+            self._touched_cache[a] = tuple(sorted({*self.ops_reads[a], *self.ops_makes[a]}))
         return self._touched_cache[a]
 
     def _stage_memory(self, i: int) -> None:
@@ -275,7 +277,7 @@ class StepMilp:
             prob += mem + f.workspace.get(a, 0) * sc * x <= self.peak
             self.mem[(i, a)] = mem
             frees = []
-            for root in sorted(self._touched(a)):  # one model whatever the hash seed
+            for root in self._touched(a):
                 s = f.storages[root]
                 if not s.nbytes or root in read_now or s.held_in_backward(t):
                     continue
@@ -538,7 +540,7 @@ class StepMilp:
             x = 1 if (i, a) in chosen else 0
             current += sum(f.storages[r].nbytes for r in self.ops_makes[a]) * sc * x
             self.mem[(i, a)].setInitialValue(current)
-            for root in sorted(self._touched(a)):  # one model whatever the hash seed
+            for root in self._touched(a):
                 y = self.freed.get((i, root, a))
                 if y is None:
                     continue
