@@ -28,7 +28,7 @@ from explorer.models import build  # noqa: E402
 from explorer.planner import Planner  # noqa: E402
 from explorer.solvers.refine import lp_bound  # noqa: E402
 from explorer.solvers.registry import make_solver  # noqa: E402
-from explorer.sweep import sweep_budgets  # noqa: E402
+from explorer.sweep import HOLE, sweep_budgets  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
@@ -72,6 +72,7 @@ def measure(spec: str, batch: int, size: int, points: int, exact_seconds: float)
         row["within_goal"] = _within(row["default_overhead"], row["exact_overhead"])
         rows.append(row)
         print(_row_line(spec, row), flush=True)
+    holes = check_holes(front, default, exact, fixed, activations)
     exact_min = exact.minimum()
     return {
         "model": spec,
@@ -93,7 +94,46 @@ def measure(spec: str, batch: int, size: int, points: int, exact_seconds: float)
         <= 1.02 * exact_min.predicted_peak_bytes,
         "exact_seconds_per_budget": exact_seconds,
         "rows": rows,
+        "holes": holes,
     }
+
+
+def check_holes(front: list, default, exact, fixed: int, activations: int) -> list[dict]:
+    """Every hole of the front wider than HOLE of its range, asked of the exact solver at
+    the two budgets the sweep asked inside it (its middle, and just under its upper end),
+    beside what the default solver answers there after its sweep.
+    Where the exact solver's fastest schedule within a budget is no faster than the point
+    under the hole's lower end (proven when CBC proves it optimal), no peak between them is
+    worth having: the hole is the graph's, not the default solver's."""
+    share = lambda peak: (peak - fixed) / activations  # noqa: E731
+    span = front[-1].predicted_peak_bytes - front[0].predicted_peak_bytes
+    out = []
+    for lower, upper in zip(front[:-1], front[1:], strict=False):
+        lo, hi = lower.predicted_peak_bytes, upper.predicted_peak_bytes
+        if hi - lo <= HOLE * span:
+            continue
+        asked = []
+        for budget in ((lo + hi) // 2, hi - 1):
+            found = exact.solve(budget)
+            asked.append(
+                {
+                    "budget_share": share(budget),
+                    "default_overhead": default.solve(budget).predicted_overhead,
+                    "exact_share": share(found.predicted_peak_bytes),
+                    "exact_overhead": found.predicted_overhead,
+                    "exact_status": found.status,
+                    "beats_lower": found.predicted_overhead < lower.predicted_overhead - 1e-12,
+                }
+            )
+        hole = {
+            "lower_share": share(lo),
+            "upper_share": share(hi),
+            "lower_overhead": lower.predicted_overhead,
+            "asked": asked,
+        }
+        out.append(hole)
+        print(f"hole {hole}", flush=True)
+    return out
 
 
 def _within(default: float, exact: float) -> bool:
@@ -159,8 +199,38 @@ def markdown(results: list[dict]) -> str:
                 f"{'-' if lp is None else f'{lp:+.2%}'} | "
                 f"{'yes' if row['within_goal'] else 'no'} |"
             )
-        lines.append("")
-    return "\n".join(lines)
+        lines += ["", *_hole_lines(r.get("holes")), ""]
+    return "\n".join(lines).replace("\n\n\n", "\n\n")
+
+
+def _hole_lines(holes: list[dict] | None) -> list[str]:
+    """What the exact solver says of each hole wider than HOLE of the front's range."""
+    if holes is None:
+        return ["Holes: not checked in this run."]
+    if not holes:
+        return [f"Holes wider than {HOLE:.0%} of the range: none."]
+    lines = [
+        f"Holes wider than {HOLE:.0%} of the range, the exact solver asked at their middle and "
+        "just under their upper end:",
+        "",
+    ]
+    for h in holes:
+        answers = []
+        for a in h["asked"]:
+            proof = "proven" if a["exact_status"] == "optimal" else "not proven"
+            if a["beats_lower"]:
+                answers.append(
+                    f"within {a['budget_share']:.3f}: {a['exact_overhead']:+.2%} at "
+                    f"{a['exact_share']:.3f}, faster than the lower end ({proof}; default "
+                    f"{a['default_overhead']:+.2%})"
+                )
+            else:
+                answers.append(f"within {a['budget_share']:.3f}: nothing faster ({proof})")
+        lines.append(
+            f"- {h['lower_share']:.3f} ({h['lower_overhead']:+.2%}) to {h['upper_share']:.3f}: "
+            + "; ".join(answers)
+        )
+    return lines
 
 
 def write_section(text: str, section: str = SECTION) -> None:
