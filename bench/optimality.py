@@ -28,7 +28,7 @@ from explorer.models import build  # noqa: E402
 from explorer.planner import Planner  # noqa: E402
 from explorer.solvers.refine import lp_bound  # noqa: E402
 from explorer.solvers.registry import make_solver  # noqa: E402
-from explorer.sweep import HOLE, sweep_budgets  # noqa: E402
+from explorer.sweep import HOLE, hole_budgets, sweep_budgets, wide_holes  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
@@ -99,21 +99,21 @@ def measure(spec: str, batch: int, size: int, points: int, exact_seconds: float)
 
 
 def check_holes(front: list, default, exact, fixed: int, activations: int) -> list[dict]:
-    """Every hole of the front wider than HOLE of its range, asked of the exact solver at
-    the two budgets the sweep asked inside it (its middle, and just under its upper end),
-    beside what the default solver answers there after its sweep.
+    """Every hole of the front wider than HOLE of the sweep's range, asked of the exact
+    solver at the budgets the sweep asked inside it (explorer.sweep.hole_budgets), beside
+    what the default solver answers there after its sweep.
     Where the exact solver's fastest schedule within a budget is no faster than the point
     under the hole's lower end (proven when CBC proves it optimal), no peak between them is
     worth having: the hole is the graph's, not the default solver's."""
-    share = lambda peak: (peak - fixed) / activations  # noqa: E731
-    span = front[-1].predicted_peak_bytes - front[0].predicted_peak_bytes
+
+    def share(peak: int) -> float:
+        return (peak - fixed) / activations
+
+    span = default.baseline.predicted_peak_bytes - default.minimum().predicted_peak_bytes
     out = []
-    for lower, upper in zip(front[:-1], front[1:], strict=False):
-        lo, hi = lower.predicted_peak_bytes, upper.predicted_peak_bytes
-        if hi - lo <= HOLE * span:
-            continue
+    for lower, upper in sorted(wide_holes(front, span), key=lambda h: h[0].predicted_peak_bytes):
         asked = []
-        for budget in ((lo + hi) // 2, hi - 1):
+        for budget in hole_budgets(lower, upper):
             found = exact.solve(budget)
             asked.append(
                 {
@@ -126,8 +126,8 @@ def check_holes(front: list, default, exact, fixed: int, activations: int) -> li
                 }
             )
         hole = {
-            "lower_share": share(lo),
-            "upper_share": share(hi),
+            "lower_share": share(lower.predicted_peak_bytes),
+            "upper_share": share(upper.predicted_peak_bytes),
             "lower_overhead": lower.predicted_overhead,
             "asked": asked,
         }
@@ -200,7 +200,7 @@ def markdown(results: list[dict]) -> str:
                 f"{'yes' if row['within_goal'] else 'no'} |"
             )
         lines += ["", *_hole_lines(r.get("holes")), ""]
-    return "\n".join(lines).replace("\n\n\n", "\n\n")
+    return "\n".join(lines)
 
 
 def _hole_lines(holes: list[dict] | None) -> list[str]:

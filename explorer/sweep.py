@@ -222,18 +222,31 @@ def _label_unknown_gaps(solver: Solver, solved: list[FrontPoint]) -> None:
             point.gap = point.schedule.gap = relative_gap(redo, bounds[point.budget_bytes])
 
 
-def _hole_budget(front: list[FrontPoint], span: int, tried: set[int]) -> int | None:
-    """A budget inside the widest hole not yet tried: its middle first, then just under its
-    upper end; None when no hole is wider than HOLE of the span."""
-    holes = sorted(
-        zip(front[:-1], front[1:], strict=True),
-        key=lambda pair: pair[0].predicted_peak_bytes - pair[1].predicted_peak_bytes,
+def wide_holes(front: list[FrontPoint], span: int) -> list[tuple[FrontPoint, FrontPoint]]:
+    """Neighbouring points of `front` (ascending peak) further apart in peak than HOLE of
+    `span`, the widest first."""
+    pairs = zip(front[:-1], front[1:], strict=True)
+    wide = [
+        (lo, hi)
+        for lo, hi in pairs
+        if hi.predicted_peak_bytes - lo.predicted_peak_bytes > HOLE * span
+    ]
+    return sorted(
+        wide, key=lambda pair: pair[0].predicted_peak_bytes - pair[1].predicted_peak_bytes
     )
-    for lower, upper in holes:
-        lo, hi = lower.predicted_peak_bytes, upper.predicted_peak_bytes
-        if hi - lo <= HOLE * span:
-            break
-        for budget in ((lo + hi) // 2, hi - 1):
+
+
+def hole_budgets(lower: FrontPoint, upper: FrontPoint) -> tuple[int, int]:
+    """The budgets a sweep asks inside a hole: its middle, then just under its upper end."""
+    lo, hi = lower.predicted_peak_bytes, upper.predicted_peak_bytes
+    return (lo + hi) // 2, hi - 1
+
+
+def _hole_budget(front: list[FrontPoint], span: int, tried: set[int]) -> int | None:
+    """A budget inside the widest hole not yet tried; None when no hole is wider than HOLE
+    of the span."""
+    for lower, upper in wide_holes(front, span):
+        for budget in hole_budgets(lower, upper):
             if budget not in tried:
                 return budget
     return None

@@ -32,7 +32,7 @@ from explorer.solvers.refine import (
 )
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
-from explorer.sweep import sweep_budgets
+from explorer.sweep import FrontPoint, _hole_budget, hole_budgets, sweep_budgets, wide_holes
 
 
 @pytest.fixture(scope="module")
@@ -669,3 +669,25 @@ def test_a_window_is_not_run_again_from_the_schedule_it_started_from():
     assert len(milp.started) == len(set(milp.started))
     windows = len({first for first, _, _ in milp.started})
     assert len(milp.started) == 1 + windows * len(REACHES)  # the first, again from the new one
+
+
+def _point(peak: int) -> FrontPoint:
+    return FrontPoint(peak, peak, 0.0, 0.0, 0.0, "optimal", [], None)
+
+
+def test_a_sweep_fills_the_widest_hole_first_middle_then_under_its_upper_end():
+    # catches: holes of at most HOLE (10%) of the span asked about, the narrower of two holes
+    # first, or a budget inside a hole asked twice; the benchmark that checks holes with the
+    # exact solver asks what these return
+    front = [_point(p) for p in (0, 5, 20, 100)]  # gaps 5, 15, 80 of a span of 100
+    holes = wide_holes(front, 100)
+    assert [(lo.predicted_peak_bytes, hi.predicted_peak_bytes) for lo, hi in holes] == [
+        (20, 100),
+        (5, 20),
+    ]
+    assert hole_budgets(*holes[0]) == (60, 99)
+    assert _hole_budget(front, 100, set()) == 60
+    assert _hole_budget(front, 100, {60}) == 99
+    assert _hole_budget(front, 100, {60, 99}) == 12
+    assert _hole_budget(front, 100, {60, 99, 12, 19}) is None
+    assert wide_holes(front, 200) == [(front[2], front[3])]  # 15 is not over 10% of 200
