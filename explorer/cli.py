@@ -32,6 +32,7 @@ import importlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import threading  # noqa: E402
+import warnings  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -396,11 +397,25 @@ class _Interrupts:
         )
         if install:
             signal.signal(signal.SIGINT, self._on_signal)
+        show_warning = warnings.showwarning
+        warnings.showwarning = self._quiet_once_interrupted(show_warning)
         try:
             yield
         finally:
+            warnings.showwarning = show_warning
             if install:
                 signal.signal(signal.SIGINT, previous)
+
+    def _quiet_once_interrupted(self, show_warning: Callable[..., None]) -> Callable[..., None]:
+        """Warnings pass through until Ctrl+C; after it they are dropped. What torch warns
+        while the interrupt unwinds is noise: anomaly mode, under which AOTAutograd traces a
+        backward, reports the KeyboardInterrupt as an error with the forward's whole stack."""
+
+        def show(*args: object, **kwargs: object) -> None:
+            if not self.seen:
+                show_warning(*args, **kwargs)
+
+        return show
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:

@@ -416,6 +416,50 @@ def test_ctrl_c_while_a_library_calls_back_from_c_exits_at_once(tmp_path):
     assert "went on" not in done.stdout
 
 
+_INTERRUPTED_IN_BACKWARD = """
+import os, signal, sys, warnings
+sys.argv[0] = "remat-explorer"
+import explorer.cli as cli
+import torch
+
+class Interrupted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl+C while the backward runs
+        return grad * 2
+
+def backward_under_anomaly_mode(args):
+    x = torch.ones(3, requires_grad=True)
+    with warnings.catch_warnings():  # as AOTAutograd traces a backward, quietly
+        warnings.filterwarnings("ignore", "Anomaly Detection has been enabled.")
+        with torch.autograd.detect_anomaly(check_nan=False):
+            Interrupted.apply(x).sum().backward()
+    print("went on")
+    return 0
+
+cli.cmd_models = backward_under_anomaly_mode
+cli._LIBRARIES = ()
+sys.exit(cli.main(["models"]))
+"""
+
+
+def test_ctrl_c_during_a_traced_backward_is_one_line():
+    # AOTAutograd traces the backward under anomaly mode, which reports any error raised in a
+    # backward, KeyboardInterrupt included, as a warning with the forward's stack (once in CI,
+    # Ctrl+C 3 s into a sweep). catches: that warning printed on the way out
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IN_BACKWARD], capture_output=True, text=True,
+        env=_env(), preexec_fn=_default_sigint, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["remat-explorer: interrupted"], done.stderr
+    assert "went on" not in done.stdout
+
+
 @pytest.mark.parametrize("delay", [0.1, 0.5, 1.5, 3.0])
 def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, delay):
     # 0.1 and 0.5 s land while Python loads torch, later ones during capture, profile or the
