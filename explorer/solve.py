@@ -54,8 +54,8 @@ MAX_WINDOWED_SIZE = 8000  # up to this many, the refinement re-decides windows o
 # they are the hardest searches of a sweep, and the front's range hangs on the first
 MINIMUM_EFFORT = 2.0
 # ... and the least peak of a step refined with windows only twice that, the extra on top of
-# REFINE_TOTAL: there the peak comes down one window at a time (sample:gpt: 0.271 of the
-# activations in 8 s, 0.258 in 16 s), and the front's range hangs on it
+# REFINE_TOTAL: there the peak comes down one window at a time (sample:gpt: 0.258 of the
+# activations in 8 s, 0.240 in 16 s, 0.238 in 30 s), and the front's range hangs on it
 WINDOWED_LEAST_EFFORT = 2 * MINIMUM_EFFORT
 REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
