@@ -43,10 +43,11 @@ KEPT_TIE = 0.1  # weight of the least-peak objective's tie-break (see use_least_
 @dataclass
 class MilpResult:
     """A solved (or time-limited) MILP: its windows if a solution was found, the objective
-    and the proven lower bound on it (seconds of recomputation, or bytes of peak)."""
+    and the proven lower bound on it (seconds of recomputation, or bytes of peak; equal
+    when CBC proved its answer optimal, which holds for the schedule only if simulation
+    agrees with the count)."""
 
     windows: Windows | None
-    optimal: bool
     objective: float | None
     bound: float | None
 
@@ -384,9 +385,9 @@ class StepMilp:
         outcome = cbc.solve(prob, time_limit, warm_start=start is not None)
         bound = None if free else self._bound(outcome.bound)
         if not outcome.found:
-            return MilpResult(None, False, None, bound)
+            return MilpResult(None, None, bound)
         objective = (outcome.objective or 0.0) * self.unit
-        return MilpResult(self.windows(), outcome.optimal and not free, objective, bound)
+        return MilpResult(self.windows(), objective, bound)
 
     def count(self, windows: Windows) -> float | None:
         """The MILP's least peak for exactly these recomputations (everything else left to
@@ -552,8 +553,8 @@ class StepMilp:
                 names.add(x.name)
         outcome = cbc.solve(self._restricted(names, stages), time_limit, warm_start=True)
         if not outcome.found:
-            return MilpResult(None, False, None, None)
-        return MilpResult(self.windows(), False, (outcome.objective or 0.0) * self.unit, None)
+            return MilpResult(None, None, None)
+        return MilpResult(self.windows(), (outcome.objective or 0.0) * self.unit, None)
 
     def _rows_with(self, names: set[str]) -> list[pulp.LpConstraint]:
         """The rows that hold any of the variables `names` (the index is built once)."""

@@ -163,7 +163,10 @@ class Refiner:
         bound = self._best_bound(relaxed)
 
         def whole(limit: float) -> bool:
-            """CBC on the whole model from the best schedule; True once it is proven."""
+            """CBC on the whole model from the best schedule; True once it is proven. CBC's
+            "optimal" proves the best schedule only through its bound: a schedule CBC counts
+            below its simulated peak is refused by `take`, and its proof is then about
+            nothing that was kept."""
             nonlocal bound
             if limit < 0.1:
                 return proven(bound)
@@ -171,7 +174,7 @@ class Refiner:
             take(outcome)
             if outcome.bound is not None:
                 bound = max(bound or 0.0, outcome.bound)
-            return outcome.optimal or proven(bound)
+            return proven(bound)
 
         def left() -> float:
             return deadline - time.perf_counter()
