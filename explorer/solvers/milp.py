@@ -19,9 +19,13 @@ stages change no forward storage and only add memory constraints. Variables (CBC
 A read needs its storage available or made earlier in the same window; a storage stays
 available only if it was, or was made again. The bytes after every operator (forward,
 recomputation, backward) are at most `peak`. The count is exact for every schedule of the
-space except those that make a storage again while an older copy is still alive, which it
-over-counts (they are never needed: the older copy could have been used). Every answer is
-lowered to a GraphSchedule and simulated again by the caller; the MILP's count is not trusted.
+space except those that make a storage again while an older copy is still alive (never
+needed: the older copy could have been used). It over-counts those, but one kind it
+under-counts: a storage made again while a backward view holds the old copy, and kept past
+its stage, is one storage to the MILP and two to the lowering (random_step(Random(7), 10):
+264 bytes counted, 268 simulated). Every answer is lowered to a GraphSchedule and simulated
+again by the caller; the MILP's count is not trusted, and a proof about a refused answer
+labels nothing (explorer.solvers.refine).
 """
 
 from __future__ import annotations
