@@ -423,9 +423,6 @@ class _LastWordMilp:
     def relaxation(self, time_limit):
         return None
 
-    def seconds_of(self, windows) -> float:
-        return 1.0 if windows == [["a"]] else 2.0
-
     def run(self, time_limit, start=None, free=None, reach=None) -> MilpResult:
         if free is None:
             self.whole_runs += 1
