@@ -131,6 +131,13 @@ def test_exact_matches_enumerating_the_whole_space(seed):
     assert solver.minimum().predicted_peak_bytes == min(p for p, _, _ in points)
 
 
+def _table_points(seed: int):
+    """The table solver on a random step of 5 operators, and every point of its space."""
+    graph, profile = random_step(random.Random(seed), 5)
+    solver = make_solver("table", graph, profile)
+    return solver, brute_force(solver.space, graph, profile)
+
+
 def _count_matches(solver, schedules) -> int:
     checked = 0
     for schedule in schedules:
@@ -149,9 +156,7 @@ def test_milp_counts_every_schedule_as_simulate_does(seed):
     # storage freed before the backward operator that reads it, a backward view's hold
     # forgotten, gradients kept to the end not counted (each tried: the count is lower or
     # higher than the simulated peak for some enumerated schedule)
-    graph, profile = random_step(random.Random(seed), 5)
-    solver = make_solver("table", graph, profile)
-    points = brute_force(solver.space, graph, profile)
+    solver, points = _table_points(seed)
     picks = random.Random(seed).sample(points, min(len(points), 25))
     schedules = [solver.schedule_of(windows) for _, _, windows in picks]
     assert _count_matches(solver, schedules) == len(schedules)
@@ -187,10 +192,8 @@ def test_least_peak_windows_break_ties_towards_saving_less(seed):
     # more than it must, none is taken: on sample:gpt the windows then stalled at 0.264 of
     # the activations in 16 s), and a window objective without the tie-break (CBC then
     # returns any least-peak schedule: 16 of 0 to 48 saved bytes on seed 0)
-    graph, profile = random_step(random.Random(seed), 5)
-    solver = make_solver("table", graph, profile)
+    solver, points = _table_points(seed)
     milp = solver.milp
-    points = brute_force(solver.space, graph, profile)
     least = min(peak for peak, _, _ in points)
     at_least = [windows for peak, _, windows in points if peak == least]
     fewest = min(milp.saved_bytes(w) for w in at_least)
@@ -209,7 +212,6 @@ def _window_peaks(solver, windows, width: int) -> list[tuple[float, float]]:
     milp = solver.milp
     milp.use_least_peak()
     milp.tie_break = None  # the objective is then the peak alone
-    milp.set_start(windows)
     found = milp.run(None, windows, free=range(milp.n, milp.n + 1))
     pairs = [(found.objective, solver.schedule_of(found.windows).predicted_peak_bytes)]
     for first in range(milp.n):
@@ -224,9 +226,7 @@ def test_a_window_model_counts_the_peak_as_simulate_does(seed):
     # catches: a fold that forgets the start's entry (it over-counts: the start itself would
     # not fit its own peak), one that drops a folded stage or its release (it under-counts:
     # the answer's simulated peak above the model's), and rows of a stage left out
-    graph, profile = random_step(random.Random(seed), 5)
-    solver = make_solver("table", graph, profile)
-    points = brute_force(solver.space, graph, profile)
+    solver, points = _table_points(seed)
     starts = sorted(points, key=lambda p: (-sum(map(len, p[2])), p[0]))[:3]
     for start_peak, _, windows in starts:
         pairs = _window_peaks(solver, windows, 2)

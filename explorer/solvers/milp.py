@@ -30,7 +30,7 @@ labels nothing (explorer.solvers.refine).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import pulp
@@ -202,14 +202,13 @@ class StepMilp:
         self.peak_rows: list[list[pulp.LpConstraint]] = []  # stage i's rows "... <= peak"
         self.local: list[set[str]] = []  # names of stage i's mem and freed variables
         self.releases: list[list[tuple[Root, pulp.LpVariable]]] = []  # stage i's freed
-        self._all_local: set[str] = set()
         self._availability()
         self._forward_memory()
         self._between_memory()
         for i in range(self.n):
             self._stage_memory(i)
         prob += self.peak >= self.facts.end_bytes * self.scale
-        self._all_local = set().union(*self.local)
+        self._all_local: set[str] = set().union(*self.local)
         self.time_cost = pulp.lpSum(
             self._cost(i, a) / self.time_unit * x for (i, a), x in self.redo.items()
         )
@@ -503,7 +502,7 @@ class StepMilp:
         sub.setObjective(
             pulp.LpAffineExpression(
                 {x: c for x, c in objective.items() if x.name in names},
-                sum(c * (x.varValue or 0.0) for x, c in objective.items() if x.name not in names),
+                _at_start((x, c) for x, c in objective.items() if x.name not in names),
             )
         )
         return sub
@@ -529,8 +528,7 @@ class StepMilp:
         rows, fixed_high = [], 0.0
         for j in folded:
             high = max(
-                row.constant
-                + sum(c * (x.varValue or 0.0) for x, c in row.items() if x is not self.peak)
+                row.constant + _at_start((x, c) for x, c in row.items() if x is not self.peak)
                 for row in self.peak_rows[j]
             )
             for root, y in self.releases[j]:
@@ -541,7 +539,7 @@ class StepMilp:
             if not entry:
                 fixed_high = max(fixed_high, high)
                 continue
-            high -= sum(c * (x.varValue or 0.0) for x, c in entry.items())
+            high -= _at_start(entry.items())
             rows.append(pulp.LpAffineExpression(entry, high) <= self.peak)
         rows.append(self.peak >= fixed_high)
         return rows
@@ -666,6 +664,11 @@ class StepMilp:
                 free = free and (i + 1, root) not in avail
                 y.setInitialValue(1 if free else 0)
                 current -= f.storages[root].nbytes * sc * (1 if free else 0)
+
+
+def _at_start(terms: Iterable[tuple[pulp.LpVariable, float]]) -> float:
+    """The value of a sum of terms at the current solution (or start)."""
+    return sum(c * (x.varValue or 0.0) for x, c in terms)
 
 
 def _is_one(x: pulp.LpVariable) -> bool:
