@@ -43,10 +43,10 @@ def solve(
     folder = Path(tempfile.mkdtemp(prefix="remat_cbc_"))
     log_path = folder / "cbc.log"
     try:
+        solver = command(time_limit, warm_start, relax, log_path)
+        solver.tmpDir = str(folder)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # PuLP 3.3 warns the bundled CBC moves in 4.0
-            solver = command(time_limit, warm_start, relax, log_path)
-            solver.tmpDir = str(folder)
+            warnings.simplefilter("ignore")
             try:
                 prob.solve(solver)
             except pulp.PulpSolverError:
@@ -66,14 +66,16 @@ def command(
 ) -> pulp.PULP_CBC_CMD:
     """PuLP's CBC command for one run: serial (no `-threads`: see the module docstring),
     elapsed-time limit, log kept for the proven bound."""
-    return pulp.PULP_CBC_CMD(
-        msg=False,
-        timeLimit=time_limit,
-        warmStart=warm_start,
-        logPath=str(log_path),
-        mip=not relax,
-        timeMode="elapsed",
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PuLP 3.3 warns the bundled CBC moves in 4.0
+        return pulp.PULP_CBC_CMD(
+            msg=False,
+            timeLimit=time_limit,
+            warmStart=warm_start,
+            logPath=str(log_path),
+            mip=not relax,
+            timeMode="elapsed",
+        )
 
 
 def _proven_bound(log: str) -> float | None:

@@ -4,10 +4,11 @@ benchmarks and the tests all build them here.
 - "chain" (the default): the chain of stages and its table, refined per budget for a few
   seconds (explorer.solve.REFINE_TOTAL for all budgets of one graph together) with the
   whole-step MILP when the step is small enough for it, or with windows of it up to
-  explorer.solve.MAX_WINDOWED_SIZE binaries.
+  explorer.solve.MAX_WINDOWED_SIZE binaries; above, only its least peak (and the fastest
+  schedule at it) is searched with windows.
 - "exact": the whole-step MILP on CBC for every budget (`time_limit` seconds each, 60 by
   default), whatever the size, started from the chain's answer: the reference.
-- "table": the chain table's schedules only, no MILP (the fastest; what large steps get).
+- "table": the chain table's schedules only, no MILP (the fastest).
 """
 
 from __future__ import annotations
