@@ -16,7 +16,7 @@ output that requires grad, so any loss the user computes on the outputs works.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,9 @@ class CapturedGraph:
     primals: list[torch.Tensor]  # what Dynamo passed for each graph input (for profiling)
     outputs: list = field(default_factory=list)  # what its forward returned, during capture
     handoff: Handoff = field(default_factory=Handoff)
+    # the compiled step that captured it (every graph of the step, without recomputation):
+    # what the profile times as the runtime's own step (explorer.stepcost), compiled once
+    runtime: Callable[..., Any] | None = field(default=None, repr=False)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The graph's parameters, buffers and constants (not activations or user inputs)."""
@@ -61,6 +64,7 @@ class _Recorder(RematBackend):
         super().__init__([])
         self.captured: list[CapturedGraph] = []
         self._inputs: list[torch.Tensor] = []
+        self.done = False  # the capture is over: later runs (timing) record nothing
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Any:
         self._inputs = list(example_inputs)
@@ -75,7 +79,7 @@ class _Recorder(RematBackend):
 
         def recording(args: list) -> Any:
             result = run(args)
-            if not target.outputs:
+            if not self.done and not target.outputs:
                 target.outputs = list(result)[: target.num_fwd_outputs]
             return result
 
@@ -112,9 +116,11 @@ def capture(
         except Exception as exc:  # Dynamo or AOTAutograd could not capture the model
             raise UserError(f"cannot capture the model: {first_line(exc)}") from exc
     captured, recorder.captured = recorder.captured, []  # the cache entry must not hold them
+    recorder.done = True
     _handoffs(captured, tensors_in((args, kwargs)), tensors_in(result))
     for graph in captured:
         graph.outputs = []  # only their identities were needed
+        graph.runtime = call
     if not captured:
         raise UserError(
             "nothing to plan: no graph of this step needs a gradient (no parameter or input "

@@ -23,7 +23,7 @@ _TEMPLATE = '''"""Rematerialization schedule written by remat-explorer.
 Model: {model}
 Planned for inputs: {inputs}{autocast}
 Budget: {budget}; predicted peak {peak} (no recomputation: {baseline});
-predicted compute overhead {overhead:+.1%}.
+predicted step time {overhead:+.1%} against the unmodified model.
 
 Use it like the model itself:
 

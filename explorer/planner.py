@@ -34,6 +34,7 @@ from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
 from explorer.solvers.registry import make_solver
 from explorer.step import StepSolver
+from explorer.stepcost import measure_step_times
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
 
@@ -96,7 +97,8 @@ class Planner:
     def profile(
         self, progress: ProgressFn | None = None, cancel: CancelToken | None = None
     ) -> StepProfile:
-        """Time every operator of every graph on the model's device (cached)."""
+        """Time every operator of every graph on the model's device, then the whole step
+        unmodified and under the runtime (explorer.stepcost) (cached)."""
         self.capture()
         if self._profile is None:
             assert self._captured is not None
@@ -111,8 +113,18 @@ class Planner:
 
                 profiles.append(profile_graph(captured, progress=forward, cancel=cancel))
                 done += len(captured.graph.nodes)
+            if progress is not None:
+                progress(total, total, "timing the step, unmodified and under the runtime")
+            times = measure_step_times(
+                self.model,
+                self.example_inputs,
+                self.example_kwargs,
+                autocast=self.autocast,
+                runtime=self._captured[0].runtime,
+                cancel=cancel,
+            )
             first = profiles[0]
-            self._profile = StepProfile(profiles, first.device, first.device_name)
+            self._profile = StepProfile(profiles, first.device, first.device_name, step_times=times)
         return self._profile
 
     def use_profile(self, profile: StepProfile) -> None:
@@ -163,6 +175,7 @@ class Planner:
                 self._static_bytes(),
                 [p.workspace for p in profile.graphs],
                 [c.handoff for c in self._captured],
+                runtime_factor=profile.runtime_factor,
             )
         return self._solvers[key]
 
@@ -215,6 +228,7 @@ class Planner:
             fixed_bytes=solver.fixed_bytes,
             points=found,
             setup=setup,
+            runtime_factor=solver.runtime_factor,
             context=self,
         )
 

@@ -11,9 +11,10 @@ device: loading it for another graph or device is refused.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from explorer.graph import Graph
 from explorer.memory import requested_bytes
 from explorer.program import baseline_schedule, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
+from explorer.stepcost import StepTimes
 
 SCHEMA = 2
 
@@ -66,12 +68,23 @@ class Profile:
 
 @dataclass
 class StepProfile:
-    """The profiles of every graph of a step, measured on one device: `profile.json`."""
+    """The profiles of every graph of a step, measured on one device: `profile.json`.
+
+    `step_times`: the whole step timed unmodified and under the runtime without
+    recomputation (explorer.stepcost); None where nothing ran (the analytic cost model, or a
+    profile.json written before it was measured): schedules then predict their overhead
+    against the no-recompute step."""
 
     graphs: list[Profile]
     device: str
     device_name: str
     torch_version: str = torch.__version__
+    step_times: StepTimes | None = None
+
+    @property
+    def runtime_factor(self) -> float:
+        """The runtime's no-recompute step over the unmodified model's (1.0: not measured)."""
+        return self.step_times.factor if self.step_times is not None else 1.0
 
     @property
     def fingerprint(self) -> str:
@@ -89,6 +102,7 @@ class StepProfile:
             "device_name": self.device_name,
             "torch_version": self.torch_version,
             "graphs": [p.to_dict() for p in self.graphs],
+            "step_times": asdict(self.step_times) if self.step_times is not None else None,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -113,6 +127,7 @@ class StepProfile:
                 device=dev,
                 device_name=name,
                 torch_version=str(data.get("torch_version", "")),
+                step_times=_step_times(data.get("step_times")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: not a valid profile ({type(exc).__name__}: {exc})") from exc
@@ -126,6 +141,18 @@ class StepProfile:
         if device is not None and _device_kind(profile.device) != _device_kind(device):
             raise UserError(f"{path}: profile was made on {profile.device}, not {device}")
         return profile
+
+
+def _step_times(data: dict | None) -> StepTimes | None:
+    """The measured step times of a profile.json (raises on a damaged entry)."""
+    if data is None:
+        return None
+    times = StepTimes(
+        float(data["eager_seconds"]), float(data["runtime_seconds"]), float(data["factor"])
+    )
+    if not all(math.isfinite(t) and t > 0 for t in asdict(times).values()):
+        raise ValueError(f"step times {data!r}")
+    return times
 
 
 def _device_kind(device: str) -> str:

@@ -83,10 +83,22 @@ class GraphSchedule(_Predicted):
 
 @dataclass
 class Schedule(_Predicted):
-    """A whole training step's plan: one GraphSchedule per captured graph, in capture order."""
+    """A whole training step's plan: one GraphSchedule per captured graph, in capture order.
+
+    `runtime_factor` is the runtime's no-recompute step over the unmodified model's, measured
+    when profiling (explorer.stepcost; 1.0 where it was not): its predicted overhead is
+    against the unmodified model, so even the no-recompute schedule has one."""
 
     graphs: list[GraphSchedule]
+    runtime_factor: float = 1.0
     context: object | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def predicted_overhead(self) -> float:
+        """Predicted step time over the unmodified model's: 0.05 means 5% more."""
+        if self.baseline_seconds <= 0:
+            return self.runtime_factor - 1.0
+        return self.runtime_factor * self.predicted_seconds / self.baseline_seconds - 1.0
 
     @property
     def fingerprint(self) -> str:
@@ -108,6 +120,7 @@ class Schedule(_Predicted):
         return {
             "graphs": [g.to_dict() for g in self.graphs],
             **self._predicted_dict(),
+            "runtime_factor": self.runtime_factor,
         }
 
     @classmethod

@@ -112,8 +112,11 @@ class StepSolver:
         static_bytes: int,
         workspace: list[dict[str, int]] | None = None,
         handoffs: list[Handoff] | None = None,
+        *,
+        runtime_factor: float = 1.0,
     ) -> None:
         self.graphs = graphs
+        self.runtime_factor = runtime_factor  # the profile's (explorer.stepcost)
         self.solvers = solvers
         self.static_bytes = static_bytes
         self.workspace = workspace
@@ -155,6 +158,7 @@ class StepSolver:
             status="optimal" if all(s.status == "optimal" for s in schedules) else "feasible",
             gap=worst.gap,
             solve_seconds=sum(s.solve_seconds for s in schedules),
+            runtime_factor=self.runtime_factor,
         )
 
     def timeline(self, schedules: list[GraphSchedule]) -> Timeline:

@@ -72,6 +72,7 @@ class Front:
     fixed_bytes: int  # parameters, buffers, inputs and parameter gradients
     points: list[FrontPoint]
     setup: dict = field(default_factory=dict)
+    runtime_factor: float = 1.0  # the runtime's no-recompute step over the unmodified model's
     context: object | None = field(default=None, repr=False)
 
     def at_budget(self, budget: int | str | float) -> Schedule:
@@ -98,6 +99,7 @@ class Front:
                 "peak_bytes": self.baseline_peak_bytes,
                 "step_seconds": self.baseline_step_seconds,
                 "fixed_bytes": self.fixed_bytes,
+                "runtime_factor": self.runtime_factor,
             },
             "setup": self.setup,
             "points": [p.to_dict() for p in self.points],
@@ -122,6 +124,7 @@ class Front:
                 fixed_bytes=int(data["baseline"]["fixed_bytes"]),
                 points=points,
                 setup=dict(data.get("setup", {})),
+                runtime_factor=float(data["baseline"].get("runtime_factor", 1.0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc

@@ -408,11 +408,12 @@ def _timings(reference, wrapped, args, kwargs, seed, schedule, autocast) -> dict
     ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
     predicted = float(schedule.get("predicted_seconds", 0.0))
     baseline = max(float(schedule.get("baseline_seconds", 0.0)), 1e-12)
+    factor = float(schedule.get("runtime_factor", 1.0))  # explorer.stepcost
     return {
         "step seconds, schedule": new_s,
         "step seconds, unmodified model": ref_s,
         "overhead, measured": new_s / ref_s - 1,
-        "overhead, predicted": predicted / baseline - 1,
+        "overhead, predicted": factor * predicted / baseline - 1,
     }
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from helpers import planner
 
+import explorer
 from explorer.errors import UserError
 from explorer.graph import PLACEHOLDER
 from explorer.profile import StepProfile
+from explorer.sweep import Front
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +52,57 @@ def test_round_trip_and_refusals(profiled, tmp_path):
     path.write_text('{"schema": 1, "fingerprint": "x"}')
     with pytest.raises(UserError, match="schema 1 is not 2"):
         StepProfile.load(path)
+
+
+def test_the_step_is_timed_unmodified_and_under_the_runtime(profiled, tmp_path):
+    # catches: overheads predicted against the no-recompute graph's operators alone, when a
+    # wrapped model's step runs through Dynamo, AOTAutograd's wrappers and functional
+    # graphs (tiny_cnn: 1.16x the unmodified step with nothing recomputed; sample:gpt 1.06x)
+    plan, profile = profiled
+    times = profile.step_times
+    assert times is not None and times.eager_seconds > 0 and times.runtime_seconds > 0
+    assert profile.runtime_factor == times.factor > 0
+    again = StepProfile.load(profile.save(tmp_path / "profile.json"))
+    assert again.step_times == times
+    data = json.loads((tmp_path / "profile.json").read_text())
+    data["step_times"] = None  # a profile.json from before: overheads against the graph's
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert StepProfile.load(tmp_path / "old.json").runtime_factor == 1.0
+    data["step_times"] = {"eager_seconds": 1.0, "runtime_seconds": 1.0, "factor": -1.0}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="not a valid profile"):
+        StepProfile.load(tmp_path / "bad.json")
+
+
+def test_timing_the_step_leaves_the_model_as_it_was():
+    # catches: the timed steps' gradients, BatchNorm statistics or RNG draws left behind
+    plan = planner("sample:tiny_cnn", 2, 16)
+    before = {k: v.clone() for k, v in plan.model.state_dict().items()}
+    plan.capture()
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    plan.profile()
+    assert torch.equal(torch.rand(3), expected)
+    after = plan.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in plan.model.parameters())
+
+
+def test_predicted_overheads_are_against_the_unmodified_step(profiled, tmp_path):
+    # catches: a front, an exported file or verify that leave the runtime's own cost out
+    plan, profile = profiled
+    plan.solver(name="table")
+    front = plan.sweep(points=3)
+    factor = profile.runtime_factor
+    assert front.runtime_factor == factor
+    for point in front.points:
+        schedule = point.schedule
+        expected = factor * schedule.predicted_seconds / schedule.baseline_seconds - 1
+        assert point.predicted_overhead == pytest.approx(expected, rel=1e-12)
+    assert front.points[-1].predicted_overhead == pytest.approx(factor - 1, rel=1e-12)
+    assert Front.load(front.save(tmp_path / "front.json")).runtime_factor == factor
+    path = front.points[0].schedule.export(tmp_path / "lowest.py")
+    report = explorer.verify(path, model=plan.model, example_inputs=plan.example_inputs)
+    predicted = report.measurements["overhead, predicted"]
+    assert predicted == pytest.approx(front.points[0].predicted_overhead, rel=1e-9)

@@ -1,4 +1,5 @@
-"""The Pareto plot: peak memory against compute overhead for every schedule on offer."""
+"""The Pareto plot: peak memory against step-time overhead (over the unmodified model's step)
+for every schedule on offer."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class ParetoPlot(ipw.VBox):
             _trace("front", "lines+markers", size=9, color="#1f77b4"),
             _trace("solved on demand", "markers", size=9, color="#17becf"),
             _trace(
-                "no recompute (predicted)",
+                "unmodified model (predicted peak)",
                 "markers",
                 size=12,
                 color="#444",
@@ -70,9 +71,9 @@ class ParetoPlot(ipw.VBox):
         self.figure = go.FigureWidget(
             data=data,
             layout={
-                "title": {"text": "peak memory against compute overhead"},
+                "title": {"text": "peak memory against step-time overhead"},
                 "xaxis": {"title": {"text": "predicted peak (MiB)"}},
-                "yaxis": {"title": {"text": "compute overhead (%)"}, "ticksuffix": "%"},
+                "yaxis": {"title": {"text": "over the unmodified step (%)"}, "ticksuffix": "%"},
                 **PLOT_FRAME,
             },
         )
@@ -149,6 +150,6 @@ class ParetoPlot(ipw.VBox):
             "x": [mib(peak_bytes)],
             "y": [0.0],
             "hovertext": [
-                f"no recompute (predicted)<br>peak {format_bytes(peak_bytes)}<br>overhead +0.0%"
+                f"unmodified model<br>peak {format_bytes(peak_bytes)} (predicted)<br>overhead +0.0%"
             ],
         }

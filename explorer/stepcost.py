@@ -1,0 +1,103 @@
+"""What the runtime itself adds to a training step, measured once when profiling.
+
+A schedule runs the model through `torch.compile` with our backend: Dynamo's guards,
+AOTAutograd's wrappers and functional graphs (an out-of-place ReLU where the model wrote an
+in-place one, a 1-byte dropout mask and its product instead of a float mask). So even the
+schedule that recomputes nothing is not the unmodified model's step: measured on this
+project's CPU machine, 1.04 to 1.09x on resnet50 b8 128 px and 1.06 to 1.09x on sample:gpt,
+1.01 to 1.21x on mobilenet_v2 b16 96 px. The operator profile cannot see that (it times the
+graph's operators, not the model's), so the planner times both whole steps here, interleaved
+(unmodified, runtime, unmodified, ...) after one untimed step of each, and a schedule's
+predicted overhead is that ratio times its predicted seconds over the no-recompute seconds
+(explorer.schedule.Schedule.runtime_factor): overheads are against the unmodified model, as
+`verify` and the peers measure them.
+
+Both steps run the forward and a backward from gradients of ones on every output that
+requires grad, on the user's model: `kept` puts its buffers, gradients, flags and RNG back.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from explorer.backend import RematBackend, compile_call, dynamo_settings
+from explorer.memory import time_step
+from explorer.modelstate import device_of, grad_holders, kept
+from explorer.progress import CancelToken, check_cancel
+
+# timed rounds (each one unmodified step and one runtime step) after a warm-up round: as many
+# as fit in TIMING_SECONDS, at least one and at most MAX_ROUNDS (a 1 s step gets two)
+TIMING_SECONDS = 4.0
+MAX_ROUNDS = 5
+
+
+@dataclass
+class StepTimes:
+    """Median seconds of one training step: the unmodified model's, and the runtime's
+    without recomputation; `factor` is their median ratio over the rounds."""
+
+    eager_seconds: float
+    runtime_seconds: float
+    factor: float
+
+
+def measure_step_times(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    autocast: torch.dtype | None = None,
+    runtime: Callable[..., Any] | None = None,
+    seconds: float = TIMING_SECONDS,
+    cancel: CancelToken | None = None,
+) -> StepTimes:
+    """Time the model's training step unmodified and under the runtime with no schedule
+    (every graph runs without recomputation), interleaved (see the module docstring).
+    `runtime`: such a compiled step already made (the capture's), else one is compiled."""
+    device = device_of(model, (args, kwargs))
+    if runtime is None:
+        runtime = compile_call(RematBackend([]))  # no schedules: nothing is recomputed
+    holders = grad_holders(model, (args, kwargs))
+
+    def step(forward: Callable[..., Any]) -> Callable[[], None]:
+        def run() -> None:
+            for tensor in holders:
+                tensor.grad = None
+            outputs = [o for o in tree_leaves(forward(model, *args, **kwargs))]
+            tensors = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+            if tensors:
+                torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
+
+        return run
+
+    eager_step = step(lambda m, *a, **k: m(*a, **k))
+    runtime_step = step(runtime)
+    eager: list[float] = []
+    ours: list[float] = []
+    with kept(model, (args, kwargs)), dynamo_settings(), _autocast(device, autocast):
+        time_step(eager_step, device)  # warm-up (and the runtime's backward is compiled)
+        time_step(runtime_step, device)
+        while not eager or (len(eager) < MAX_ROUNDS and sum(eager) + sum(ours) < seconds):
+            check_cancel(cancel)
+            eager.append(time_step(eager_step, device))
+            ours.append(time_step(runtime_step, device))
+    ratios = [b / a for a, b in zip(eager, ours, strict=True) if a > 0]
+    return StepTimes(
+        eager_seconds=statistics.median(eager),
+        runtime_seconds=statistics.median(ours),
+        factor=statistics.median(ratios) if ratios else 1.0,
+    )
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
