@@ -4,10 +4,13 @@ A schedule runs the model through `torch.compile` with our backend: Dynamo's gua
 AOTAutograd's wrappers and functional graphs (an out-of-place ReLU where the model wrote an
 in-place one, a 1-byte dropout mask and its product instead of a float mask). So even the
 schedule that recomputes nothing is not the unmodified model's step: measured on this
-project's CPU machine, 1.04 to 1.09x on resnet50 b8 128 px and 1.06 to 1.09x on sample:gpt,
-1.01 to 1.21x on mobilenet_v2 b16 96 px. The operator profile cannot see that (it times the
-graph's operators, not the model's), so the planner times both whole steps here, interleaved
-(unmodified, runtime, unmodified, ...) after one untimed step of each, and a schedule's
+project's 2-core CPU machine, 0.98 to 1.09x on resnet50 b8 128 px, 1.00 to 1.12x on
+sample:gpt b8 256, 1.01 to 1.21x on mobilenet_v2 b16 96 px, and 1.16x on sample:tiny_cnn b4
+32 px, whose 4 ms step shows the runtime's fixed cost per call (the spread is mostly the
+machine's: one unmodified resnet50 step took 0.92 to 1.19 s within a minute). The operator
+profile cannot see that (it times the graph's operators, not the model's), so the planner
+times both whole steps here, interleaved (unmodified, runtime, unmodified, ...) after one
+untimed step of each, as many rounds as fit in TIMING_SECONDS, and a schedule's
 predicted overhead is that ratio times its predicted seconds over the no-recompute seconds
 (explorer.schedule.Schedule.runtime_factor): overheads are against the unmodified model, as
 `verify` and the peers measure them.
