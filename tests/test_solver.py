@@ -750,3 +750,19 @@ def test_a_sweep_fills_the_widest_hole_first_middle_then_under_its_upper_end():
     assert _hole_budget(front, 100, {60, 99}) == 12
     assert _hole_budget(front, 100, {60, 99, 12, 19}) is None
     assert wide_holes(front, 200) == [(front[2], front[3])]  # 15 is not over 10% of 200
+
+
+def test_cbc_bound_is_read_to_its_printed_precision():
+    # catches: reading the summary's "Lower bound:", which CBC rounds to three decimals: a
+    # bound of 0.0016 read as 0.002 is more than CBC proved, and labels a slower schedule
+    # optimal at the cheap end of a front
+    log = (
+        "Cbc0010I After 0 nodes, 1 on tree, 0.263 best solution, best possible 0.0012 (1 s)\n"
+        "Cbc0005I Partial search - best objective 0.2630123 (best possible 0.0016234), took "
+        "1139 iterations and 0 nodes (2.00 seconds)\n"
+        "Lower bound:                    0.002\n"
+        "Gap:                            3.36\n"
+    )
+    assert cbc._proven_bound(log) == 0.0016234
+    assert cbc._proven_bound("Lower bound:                    0.060\n") == 0.06
+    assert cbc._proven_bound("Result - Stopped on time limit\n") is None
