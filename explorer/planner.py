@@ -28,7 +28,7 @@ from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec
 from explorer.modelstate import tensors_in
 from explorer.profile import StepProfile, profile_graph
-from explorer.progress import CancelToken, ProgressFn
+from explorer.progress import CancelToken, ProgressFn, report
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
@@ -113,8 +113,7 @@ class Planner:
 
                 profiles.append(profile_graph(captured, progress=forward, cancel=cancel))
                 done += len(captured.graph.nodes)
-            if progress is not None:
-                progress(total, total, "timing the step, unmodified and under the runtime")
+            report(progress, total, total, "timing the step, unmodified and under the runtime")
             times = measure_step_times(
                 self.model,
                 self.example_inputs,

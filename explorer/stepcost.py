@@ -15,26 +15,26 @@ predicted overhead is that ratio times its predicted seconds over the no-recompu
 (explorer.schedule.Schedule.runtime_factor): overheads are against the unmodified model, as
 `verify` and the peers measure them.
 
-Both steps run the forward and a backward from gradients of ones on every output that
-requires grad, on the user's model: `kept` puts its buffers, gradients, flags and RNG back.
+Both steps are `verify`'s training step (the forward, then a backward from seeded random
+gradients of every output that requires grad), from no gradients, on the user's model: `kept`
+puts its buffers, gradients, flags and RNG back.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
 from explorer.memory import time_step
 from explorer.modelstate import device_of, grad_holders, kept
 from explorer.progress import CancelToken, check_cancel
+from explorer.verify import step_autocast, training_step
 
 # timed rounds (each one unmodified step and one runtime step) after a warm-up round: as many
 # as fit in TIMING_SECONDS, at least one and at most MAX_ROUNDS (a 1 s step gets two)
@@ -74,18 +74,15 @@ def measure_step_times(
         def run() -> None:
             for tensor in holders:
                 tensor.grad = None
-            outputs = [o for o in tree_leaves(forward(model, *args, **kwargs))]
-            tensors = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
-            if tensors:
-                torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
+            training_step(forward, args, 0, kwargs)
 
         return run
 
-    eager_step = step(lambda m, *a, **k: m(*a, **k))
-    runtime_step = step(runtime)
+    eager_step = step(model)
+    runtime_step = step(lambda *a, **k: runtime(model, *a, **k))
     eager: list[float] = []
     ours: list[float] = []
-    with kept(model, (args, kwargs)), dynamo_settings(), _autocast(device, autocast):
+    with kept(model, (args, kwargs)), dynamo_settings(), step_autocast(device, autocast):
         time_step(eager_step, device)  # warm-up (and the runtime's backward is compiled)
         time_step(runtime_step, device)
         while not eager or (len(eager) < MAX_ROUNDS and sum(eager) + sum(ours) < seconds):
@@ -98,9 +95,3 @@ def measure_step_times(
         runtime_seconds=statistics.median(ours),
         factor=statistics.median(ratios) if ratios else 1.0,
     )
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -53,6 +53,7 @@ from explorer.errors import UserError, first_line
 from explorer.export import read_module
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.modelstate import grad_holders, tensors_in
+from explorer.schedule import Schedule
 from explorer.units import format_bytes
 
 RTOL = 1e-5
@@ -240,10 +241,10 @@ def verify(
     dev = tensors_in((args, kwargs))[0].device
 
     with _deterministic(dev):
-        with _autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
+        with step_autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
             ref_out = training_step(reference, ref_args, seed, ref_kwargs)
         with (
-            _autocast(dev, autocast),
+            step_autocast(dev, autocast),
             _explained(path, schedule),
             LiveBytesTracker(dev) as new_meter,
         ):
@@ -356,7 +357,7 @@ def _cuda_peaks(
         step_args, step_kwargs = _fresh_inputs(args, kwargs)
         for tensor in grad_holders(model, (step_args, step_kwargs)):
             tensor.grad = None
-        with _autocast(dev, autocast), LiveBytesTracker(dev) as meter:
+        with step_autocast(dev, autocast), LiveBytesTracker(dev) as meter:
             training_step(model, step_args, seed, step_kwargs)
         peaks.append(meter)
     ref, new = peaks
@@ -403,17 +404,14 @@ def _timings(reference, wrapped, args, kwargs, seed, schedule, autocast) -> dict
             def step(m=model, a=step_args, k=step_kwargs) -> None:
                 training_step(m, a, seed, k)
 
-            with _autocast(dev, autocast):
+            with step_autocast(dev, autocast):
                 times.append(time_step(step, dev))
     ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
-    predicted = float(schedule.get("predicted_seconds", 0.0))
-    baseline = max(float(schedule.get("baseline_seconds", 0.0)), 1e-12)
-    factor = float(schedule.get("runtime_factor", 1.0))  # explorer.stepcost
     return {
         "step seconds, schedule": new_s,
         "step seconds, unmodified model": ref_s,
         "overhead, measured": new_s / ref_s - 1,
-        "overhead, predicted": factor * predicted / baseline - 1,
+        "overhead, predicted": Schedule.from_dict(schedule).predicted_overhead,
     }
 
 
@@ -490,7 +488,8 @@ def _dtype(name: str | None) -> torch.dtype | None:
 
 
 @contextlib.contextmanager
-def _autocast(device: torch.device, dtype: torch.dtype | None):
+def step_autocast(device: torch.device, dtype: torch.dtype | None):
+    """`torch.autocast` on `device` with `dtype`, or nothing when `dtype` is None."""
     if dtype is None:
         yield
         return
