@@ -15,6 +15,10 @@ the forward and are never recomputed. An operator that reads a graph input which
 overwrites (spectral_norm's power iteration reads the `u` it updates) is pinned: recomputed in the
 backward it would read the new value. BatchNorm's own outputs do not depend on the running
 statistics it reads in training, so it stays recomputable.
+
+Bytes are counted on the step's device only (the device of its first tensor input not on the
+CPU, else the CPU): a CPU tensor in a CUDA step, such as a CUDA generator's saved state, takes
+none of the device's memory, and the CUDA meter does not see it.
 """
 
 from __future__ import annotations
@@ -60,20 +64,23 @@ def describe(
     """The IR of a joint graph. `static_indices`: positions of the primals that are parameters
     or buffers (AOTAutograd's `static_lifetime_input_indices`); the others are user inputs."""
     static = set(static_indices or [])
+    device = _step_device(joint)
     refs: dict[fx.Node, ValueRef] = {}
     nodes: list[Node] = []
     primals: list[Node] = []
     outs: list = []
     for fxn in joint.nodes:
         if fxn.op == "placeholder":
-            node = Node(fxn.name, PLACEHOLDER, PLACEHOLDER, [], _output_metas(fxn), ROLE_TANGENT)
+            node = Node(
+                fxn.name, PLACEHOLDER, PLACEHOLDER, [], _output_metas(fxn, device), ROLE_TANGENT
+            )
             if not is_tangent(fxn):
                 node.role = ROLE_PARAM if len(primals) in static else ROLE_INPUT
                 primals.append(node)
             nodes.append(node)
             refs[fxn] = (fxn.name, 0)
         elif fxn.op == "get_attr":
-            metas = _output_metas(fxn)
+            metas = _output_metas(fxn, device)
             nodes.append(Node(fxn.name, PLACEHOLDER, PLACEHOLDER, [], metas, ROLE_CONSTANT))
             refs[fxn] = (fxn.name, 0)
         elif is_getitem(fxn):
@@ -87,7 +94,7 @@ def describe(
                     target=str(fxn.target),
                     phase=_PHASE_BY_TAG.get(fxn.meta.get("partitioner_tag"), BACKWARD),
                     inputs=[refs[a] for a in tensor_args(fxn)],
-                    outputs=_output_metas(fxn),
+                    outputs=_output_metas(fxn, device),
                     random=torch.Tag.nondeterministic_seeded in tags,
                     consts=_consts(fxn),
                 )
@@ -152,7 +159,16 @@ def _storage_bytes(t: torch.Tensor) -> int:
     return span * t.element_size()
 
 
-def _output_metas(node: fx.Node) -> list[TensorMeta | None]:
+def _step_device(joint: fx.Graph) -> str:
+    """The device type whose memory the step's plan counts (see module docstring)."""
+    for fxn in joint.find_nodes(op="placeholder"):
+        val = fxn.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type != "cpu":
+            return val.device.type
+    return "cpu"
+
+
+def _output_metas(node: fx.Node, device: str) -> list[TensorMeta | None]:
     val = node.meta.get("val")
     vals = list(val) if isinstance(val, (tuple, list)) else [val]
     aliases = _alias_positions(node)
@@ -164,7 +180,8 @@ def _output_metas(node: fx.Node) -> list[TensorMeta | None]:
             metas.append(None)
             continue
         alias = aliases[i] if i < len(aliases) else None
-        nbytes = 0 if alias is not None else _storage_bytes(v)
+        elsewhere = alias is not None or v.device.type != device
+        nbytes = 0 if elsewhere else _storage_bytes(v)
         shape = tuple(int(s) for s in v.shape)
         metas.append(TensorMeta(shape, str(v.dtype), nbytes, alias, v.is_contiguous()))
     return metas

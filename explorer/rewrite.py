@@ -1,15 +1,21 @@
 """Passes over a joint FX graph, applied before it is described, planned and partitioned.
 
-`compact_dropout`: a CPU `native_dropout(x, p)` returns a float output and a bool mask, and the
+`compact_dropout`: `native_dropout(x, p)` returns a float output and a bool mask, and the
 backward reads only the mask. Left whole, neither can be recomputed (a random operator drawn
 twice would draw another mask), so a plan must keep its float output: for attention dropout
 that is one (B, heads, T, T) float tensor per layer. The pass splits it into a snapshot of the
-generator's state (a few kilobytes, pinned), the mask drawn from that snapshot (1 byte per
-element, the same draw native_dropout makes; see explorer.rngreplay) and two ordinary
-multiplications that rebuild the output bitwise (`x * mask * scale`, the scale rounded to x's
-dtype as native_dropout does). The mask and the output become values like any other, kept or
-recomputed as the plan says: a recomputed mask is drawn again from the snapshot.
-CUDA dropout draws differently (a fused kernel) and is left whole.
+generator's state (a few bytes or kilobytes, pinned), the mask drawn from that snapshot (1 byte
+per element, the same draw native_dropout makes; see explorer.rngreplay) and two ordinary
+multiplications that rebuild the output bitwise (`x * mask * scale`). The mask and the output
+become values like any other, kept or recomputed as the plan says: a recomputed mask is drawn
+again from the snapshot.
+
+The scale is the one each device's kernel multiplies by: the CPU's is 1/(1 - p) rounded to x's
+dtype; CUDA's fused kernel divides 1 by (1 - p) in x's accumulation type (float32 for float32,
+float16 and bfloat16) and multiplies in that type, which `mul` by a float32-exact scalar
+repeats. On CUDA only a dropout whose input is contiguous at the start of its storage is split:
+the kernel's launch depends on the input's alignment, and the mask is drawn again from a fresh
+(aligned) scratch tensor.
 """
 
 from __future__ import annotations
@@ -20,14 +26,15 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from explorer.rngreplay import BERNOULLI_MASK, RNG_STATE
+from explorer.rngreplay import BERNOULLI_MASK, CUDA_DROPOUT_MASK, RNG_STATE
 
 aten = torch.ops.aten
+_CUDA_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # accumulate in float32
 
 
 def compact_dropout(joint: fx.GraphModule) -> int:
-    """Split every CPU, contiguous, training-mode native_dropout (see module docstring).
-    Returns how many were split; the graph module is recompiled if any was."""
+    """Split every training-mode native_dropout whose mask can be drawn again (see module
+    docstring). Returns how many were split; the graph module is recompiled if any was."""
     graph = joint.graph
     split = 0
     for node in list(graph.nodes):
@@ -36,13 +43,14 @@ def compact_dropout(joint: fx.GraphModule) -> int:
         x, p = node.args[0], float(node.args[1])
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
         x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
-        if train is False or not isinstance(x_val, torch.Tensor):
-            continue
-        if x_val.device.type != "cpu" or not x_val.is_contiguous():
+        if train is False or not isinstance(x_val, torch.Tensor) or not x_val.is_contiguous():
             continue
         if not all(isinstance(size, int) for size in x_val.shape):
             continue  # a symbolic shape: the mask's shape would have to be read from x
-        _split(graph, node, x, x_val, p)
+        steps = _mask_steps(x_val, p)
+        if steps is None:
+            continue
+        _split(graph, node, x, x_val, steps)
         split += 1
     if split:
         graph.lint()
@@ -50,14 +58,34 @@ def compact_dropout(joint: fx.GraphModule) -> int:
     return split
 
 
-def _split(graph: fx.Graph, node: fx.Node, x: fx.Node, x_val: torch.Tensor, p: float) -> None:
-    keep = 1.0 - p
-    scale = 0.0 if keep == 0 else float(torch.tensor(1.0 / keep, dtype=x_val.dtype))
+def _mask_steps(x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
+    """The mask operator's (target, arguments after the state) and the output's scale for a
+    dropout of `x_val` on its device, or None where its mask cannot be drawn again."""
+    shape, keep = list(x_val.shape), 1.0 - p
+    if x_val.device.type == "cpu":
+        scale = 0.0 if keep == 0 else float(torch.tensor(1.0 / keep, dtype=x_val.dtype))
+        return (BERNOULLI_MASK, (shape, keep)), scale
+    if x_val.device.type != "cuda" or not 0.0 < p < 1.0 or x_val.storage_offset() != 0:
+        return None  # p 0 or 1 takes other kernels; an offset start may change the launch
+    if x_val.dtype in _CUDA_FLOATS:
+        one = torch.tensor(1.0, dtype=torch.float32)
+        scale = float(one / torch.tensor(keep, dtype=torch.float32))
+    elif x_val.dtype == torch.float64:
+        scale = 1.0 / keep
+    else:
+        return None
+    return (CUDA_DROPOUT_MASK, (shape, p, x_val.dtype, x_val.device)), scale
+
+
+def _split(
+    graph: fx.Graph, node: fx.Node, x: fx.Node, x_val: torch.Tensor, drawn: tuple[tuple, float]
+) -> None:
+    (mask_target, mask_args), scale = drawn
     fake_mode = detect_fake_mode([x_val])
     tag = node.meta.get("partitioner_tag")
     steps = [
         (RNG_STATE, (x,), {}),
-        (BERNOULLI_MASK, (None, list(x_val.shape), keep), {}),
+        (mask_target, (None, *mask_args), {}),
         (aten.mul.Tensor, (x, None), {}),
         (aten.mul.Tensor, (None, scale), {}),
     ]

@@ -2,18 +2,27 @@
 
 A random draw run a second time draws other numbers, so a mask that is drawn where dropout runs
 must be kept from the forward to its backward: 1 byte per element, a (B, heads, T, T) tensor
-per attention layer. What determines the mask is far smaller: the CPU generator's state
-(mt19937, `STATE_BYTES` bytes). Two operators let the plan keep that instead:
+per attention layer. What determines the mask is far smaller: the generator's state (the CPU's
+mt19937, `STATE_BYTES` bytes; a CUDA device's Philox seed and offset, `CUDA_STATE_BYTES`).
+Two operators let the plan keep that instead:
 
-- `rng_state(like)`: a copy of the CPU generator's state, taken right before the draw. It is a
-  random operator (tagged `nondeterministic_seeded`), so it is pinned: run once, never again.
-- `bernoulli_mask(state, shape, p)`: the boolean mask that `native_dropout` draws, drawn from
-  the generator set to `state`. In the forward `state` is the generator's current state, so it
-  draws the same mask and leaves the generator where `native_dropout` leaves it.
+- `rng_state(like)`: a copy of the generator's state on `like`'s device, taken right before the
+  draw. It is a random operator (tagged `nondeterministic_seeded`), so it is pinned: run once,
+  never again. It is a CPU tensor on either device.
+- the mask drawn from the generator set to that state, the draw `native_dropout` makes, which
+  leaves the generator where `native_dropout` leaves it:
+  - on the CPU, `bernoulli_mask(state, shape, p)`: `native_dropout` draws its mask with
+    `bernoulli_`, so the mask is drawn alone;
+  - on CUDA, `cuda_dropout_mask(state, shape, p, dtype, device)`: `native_dropout`'s fused
+    kernel draws the mask while it writes the output, and which random number lands on which
+    element depends on the kernel's launch (the tensor's size, dtype and alignment). The only
+    way to draw the same mask is to run that kernel again, on a scratch tensor of the same
+    size, dtype and (fresh, so fully aligned) layout; the scratch and its output are freed on
+    return, and the profile counts them as the operator's workspace.
 
-A recomputation of the mask runs `replayed_bernoulli_mask` instead (`replay_in_place`): the
-same draw from the saved state, after which the generator is put back where it was, so the
-mask comes out bitwise the same and no later draw changes. (PyTorch's own `run_with_rng_state`
+A recomputation of the mask runs its `replayed_*` twin instead (`replay_in_place`): the same
+draw from the saved state, after which the generator is put back where it was, so the mask
+comes out bitwise the same and no later draw changes. (PyTorch's own `run_with_rng_state`
 does the same, but as a higher-order operator it fails under any TorchDispatchMode that does
 not handle it, such as a memory tracker's; custom operators pass through every mode.)
 """
@@ -24,20 +33,24 @@ import torch
 from torch import fx
 
 STATE_BYTES = torch.get_rng_state().numel()  # uint8 elements of the CPU generator's state
+CUDA_STATE_BYTES = 16  # a CUDA generator's state: its Philox seed and offset, 8 bytes each
 
 
 @torch.library.custom_op(
     "remat_explorer::rng_state", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
 )
 def rng_state(like: torch.Tensor) -> torch.Tensor:
-    """The CPU generator's state now (`like`, the tensor about to be dropped out, places the
-    snapshot right before its draw in the graph)."""
+    """The state of `like`'s device's generator now (`like`, the tensor about to be dropped
+    out, places the snapshot right before its draw in the graph)."""
+    if like.device.type == "cuda":
+        return torch.cuda.get_rng_state(like.device)
     return torch.get_rng_state()
 
 
 @rng_state.register_fake
 def _rng_state_fake(like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(STATE_BYTES, dtype=torch.uint8)
+    size = CUDA_STATE_BYTES if like.device.type == "cuda" else STATE_BYTES
+    return torch.empty(size, dtype=torch.uint8)
 
 
 @torch.library.custom_op("remat_explorer::bernoulli_mask", mutates_args=())
@@ -64,13 +77,49 @@ def _mask_fake(state: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.bool)
 
 
+@torch.library.custom_op("remat_explorer::cuda_dropout_mask", mutates_args=())
+def cuda_dropout_mask(
+    state: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The bool mask `native_dropout(x, p)` draws for a contiguous, aligned `x` of this shape
+    and dtype on this CUDA device, with the device's generator set to `state`."""
+    torch.cuda.set_rng_state(state, device)
+    scratch = torch.empty(shape, dtype=dtype, device=device)
+    return torch.native_dropout(scratch, p, True)[1]
+
+
+@torch.library.custom_op("remat_explorer::replayed_cuda_dropout_mask", mutates_args=())
+def replayed_cuda_dropout_mask(
+    state: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """`cuda_dropout_mask`, then the device's generator is put back as it was before the call."""
+    current = torch.cuda.get_rng_state(device)
+    try:
+        return cuda_dropout_mask(state, shape, p, dtype, device)
+    finally:
+        torch.cuda.set_rng_state(current, device)
+
+
+@cuda_dropout_mask.register_fake
+@replayed_cuda_dropout_mask.register_fake
+def _cuda_mask_fake(
+    state: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    return torch.empty(shape, dtype=torch.bool, device=device)
+
+
 BERNOULLI_MASK = torch.ops.remat_explorer.bernoulli_mask.default
-REPLAYED_BERNOULLI_MASK = torch.ops.remat_explorer.replayed_bernoulli_mask.default
+CUDA_DROPOUT_MASK = torch.ops.remat_explorer.cuda_dropout_mask.default
 RNG_STATE = torch.ops.remat_explorer.rng_state.default
+_REPLAYS = {
+    BERNOULLI_MASK: torch.ops.remat_explorer.replayed_bernoulli_mask.default,
+    CUDA_DROPOUT_MASK: torch.ops.remat_explorer.replayed_cuda_dropout_mask.default,
+}
 
 
 def replay_in_place(node: fx.Node) -> None:
-    """Turn a copied `bernoulli_mask` node (a recomputation) into its replay, which leaves the
-    generator as it found it. Other nodes are left alone."""
-    if node.target is BERNOULLI_MASK:
-        node.target = REPLAYED_BERNOULLI_MASK
+    """Turn a copied mask node (a recomputation) into its replay, which leaves the generator as
+    it found it. Other nodes are left alone."""
+    replay = _REPLAYS.get(node.target)
+    if replay is not None:
+        node.target = replay
