@@ -47,10 +47,10 @@ def compact_dropout(joint: fx.GraphModule) -> int:
             continue
         if not all(isinstance(size, int) for size in x_val.shape):
             continue  # a symbolic shape: the mask's shape would have to be read from x
-        steps = _mask_steps(x_val, p)
-        if steps is None:
+        drawn = _mask_draw(x_val, p)
+        if drawn is None:
             continue
-        _split(graph, node, x, x_val, steps)
+        _split(graph, node, x, x_val, drawn)
         split += 1
     if split:
         graph.lint()
@@ -58,7 +58,7 @@ def compact_dropout(joint: fx.GraphModule) -> int:
     return split
 
 
-def _mask_steps(x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
+def _mask_draw(x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
     """The mask operator's (target, arguments after the state) and the output's scale for a
     dropout of `x_val` on its device, or None where its mask cannot be drawn again."""
     shape, keep = list(x_val.shape), 1.0 - p

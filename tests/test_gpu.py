@@ -1,5 +1,6 @@
-"""On a CUDA device: profiling with CUDA events, measured peaks against predictions, and
-verify's comparison where the captured graph's kernels differ from eager's.
+"""On a CUDA device: profiling with CUDA events, measured peaks against predictions,
+verify's comparison where the captured graph's kernels differ from eager's, and dropout masks
+drawn again in the backward (tests/test_dropout_replay.py checks the draw itself).
 
 Marked `gpu`: skipped where there is no CUDA device (see conftest.py).
 """
