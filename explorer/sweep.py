@@ -178,11 +178,11 @@ def sweep_budgets(
     is left at the end buys lower bounds for the points whose gap is still unknown."""
     if points < 2:
         raise UserError("a sweep needs at least 2 points")
-    report(progress, 0, points + points // 2, "searching the least peak")  # may take seconds
+    total = points + points // 2
+    report(progress, 0, total, "searching the least peak")  # may take seconds
     low = solver.minimum().predicted_peak_bytes
     high = solver.baseline.predicted_peak_bytes
     budgets = [int(low + (high - low) * k / (points - 1)) for k in range(points)]
-    total = points + points // 2
     solved: list[FrontPoint] = []
     tried: set[int] = set()
 
