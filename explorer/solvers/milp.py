@@ -112,8 +112,14 @@ class StepMilp:
         self.budget: int | None = None  # the current objective's (None: the least peak)
         self.size = sum(len(c) for c in self.candidates)  # recomputation binaries
         self.prob: pulp.LpProblem | None = None
-        self._rows_of: dict[str, list[int]] | None = None
+        self._shared_rows: dict[pulp.LpVariable, list[int]] | None = None  # see _shared_rows_with
         self._touched_cache: dict[str, tuple[Root, ...]] = {}
+        # the warm start last set (see set_start): its windows, and the start values of the
+        # variables a window's sub-model has let CBC overwrite since
+        self._start_key: tuple[tuple[str, ...], ...] | None = None
+        self._lent: dict[pulp.LpVariable, float | None] = {}
+        self._highs: dict[int, float] = {}  # see _start_high
+        self._entering: list[tuple[float, list[tuple[Root, float]]]] | None = None
 
     def build(self) -> None:
         """Write the model (PuLP); separate from __init__ so `size` can be read first."""
@@ -200,7 +206,7 @@ class StepMilp:
         self.mem: dict[tuple[int, str], pulp.LpVariable] = {}
         self.entry: list[dict[pulp.LpVariable, float]] = []  # stage i's bytes from avail[i, .]
         self.peak_rows: list[list[pulp.LpConstraint]] = []  # stage i's rows "... <= peak"
-        self.local: list[set[str]] = []  # names of stage i's mem and freed variables
+        self.local: list[set[pulp.LpVariable]] = []  # stage i's mem and freed variables
         self.releases: list[list[tuple[Root, pulp.LpVariable]]] = []  # stage i's freed
         self._availability()
         self._forward_memory()
@@ -208,7 +214,6 @@ class StepMilp:
         for i in range(self.n):
             self._stage_memory(i)
         prob += self.peak >= self.facts.end_bytes * self.scale
-        self._all_local: set[str] = set().union(*self.local)
         self.time_cost = pulp.lpSum(
             self._cost(i, a) / self.time_unit * x for (i, a), x in self.redo.items()
         )
@@ -352,7 +357,7 @@ class StepMilp:
     def _local_variable(self, i: int, name: str, upper: int | None) -> pulp.LpVariable:
         """A new continuous variable of stage i's memory (a mem or a freed), from 0."""
         x = self.prob.add_variable(name, 0, upper)
-        self.local[i].add(x.name)
+        self.local[i].add(x)
         return x
 
     def _peak_row(self, i: int, bytes_: pulp.LpAffineExpression, new: bool) -> pulp.LpConstraint:
@@ -412,6 +417,8 @@ class StepMilp:
         prob = self.prob
         if free is not None and start is not None:
             prob = self._neighbourhood(free, reach)
+        else:
+            self._forget_start()  # CBC overwrites every variable
         outcome = cbc.solve(prob, time_limit, warm_start=start is not None)
         bound = None if free else self._bound(outcome.bound)
         if not outcome.found:
@@ -426,6 +433,7 @@ class StepMilp:
         chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
         for key, x in self.redo.items():
             x.lowBound = x.upBound = 1 if key in chosen else 0
+        self._forget_start()
         try:
             outcome = cbc.solve(self.prob, None)
         finally:
@@ -439,14 +447,14 @@ class StepMilp:
         every stage they appear in; every other variable keeps its start value."""
         stages = set(free) & set(range(self.n))
         touched: set[Root] = set()
-        names: set[str] = set()
+        free_vars: set[pulp.LpVariable] = set()
         for i in stages:
             touched.update(self.reads[i])
             for a in self._within_reach(i, reach):
                 touched.update(self._touched(a))
-                names.add(self.redo[(i, a)].name)
-        names.update(x.name for (i, s), x in self.avail.items() if s in touched)
-        return self._restricted(names, stages)
+                free_vars.add(self.redo[(i, a)])
+        free_vars.update(x for (i, s), x in self.avail.items() if s in touched)
+        return self._restricted(free_vars, stages)
 
     def _within_reach(self, i: int, reach: int | None) -> list[str]:
         """The operators window i may re-decide: those the start runs there, and those
@@ -462,8 +470,8 @@ class StepMilp:
             frontier = {self.maker[s] for a in frontier for s in self.ops_reads[a] if self.maker[s]}
         return [a for a in self.candidates[i] if a in near or _is_one(self.redo[(i, a)])]
 
-    def _restricted(self, names: set[str], stages: set[int]):
-        """The model with only the binaries `names` free (stages `stages` hold the free
+    def _restricted(self, free_vars: set[pulp.LpVariable], stages: set[int]):
+        """The model with only the binaries `free_vars` free (stages `stages` hold the free
         recomputations) and every other variable fixed to its start value: a row left
         without a free variable (the start satisfies it) is dropped.
 
@@ -474,68 +482,73 @@ class StepMilp:
         releases, and its rows fold into one (see _folded_rows). On sample:gpt a 16-stage
         window of reach 2 fell from 9,000 to 24,000 rows to 2,000 to 9,400, and a window
         run (writing the model, CBC, reading back) from 0.6 to 1.0 s to 0.2 to 0.7 s."""
-        names = set(names) | {"peak"}
+        free_vars = set(free_vars) | {self.peak}
         whole = {j for i in stages for j in (i - 1, i) if j >= 0 and self.local[j]}
         folded = [j for j in range(self.n) if j not in whole and self.local[j]]
         sub = pulp.LpProblem("window", pulp.LpMinimize)
-        for row in self._rows_with(names):
-            if not any(x.name in self._all_local for x in row.keys()):
-                self._add_fixed_out(sub, row, names)
+        for row in self._shared_rows_with(free_vars):
+            self._add_fixed_out(sub, row, free_vars)
         for j in sorted(whole):
 
             def redo(a: str, j: int = j) -> pulp.LpVariable | int:
                 x = self.redo[(j, a)]
-                return x if x.name in names else 1
+                return x if x in free_vars else 1
 
             window = [
                 a
                 for a in self.candidates[j]
-                if self.redo[(j, a)].name in names or _is_one(self.redo[(j, a)])
+                if self.redo[(j, a)] in free_vars or _is_one(self.redo[(j, a)])
             ]
             for row in self._stage_rows(j, window, redo, False):
-                self._add_fixed_out(sub, row, names | self.local[j])
-        for row in self._folded_rows(folded, names):
+                self._add_fixed_out(sub, row, free_vars, self.local[j])
+        for row in self._folded_rows(folded, free_vars):
             sub += row
         objective = self.prob.objective
         if self.tie_break is not None:
             objective = objective + self.tie_break
         sub.setObjective(
             pulp.LpAffineExpression(
-                {x: c for x, c in objective.items() if x.name in names},
-                _at_start((x, c) for x, c in objective.items() if x.name not in names),
+                {x: c for x, c in objective.items() if x in free_vars},
+                _at_start((x, c) for x, c in objective.items() if x not in free_vars),
             )
         )
+        for x in sub.variables():  # CBC will overwrite them: set_start puts them back
+            self._lent.setdefault(x, x.varValue)
         return sub
 
     @staticmethod
-    def _add_fixed_out(sub: pulp.LpProblem, row: pulp.LpConstraint, free: set[str]) -> None:
-        """Add `row` to `sub` with every variable not in `free` replaced by its start value
-        (nothing if none is left)."""
+    def _add_fixed_out(
+        sub: pulp.LpProblem,
+        row: pulp.LpConstraint,
+        free_vars: set[pulp.LpVariable],
+        local: set[pulp.LpVariable] = frozenset(),  # type: ignore[assignment]
+    ) -> None:
+        """Add `row` to `sub` with every variable in neither `free_vars` nor `local` replaced
+        by its start value (nothing if none is left)."""
         terms, constant = {}, row.constant
         for x, coef in row.items():
-            if x.name in free:
+            if x in free_vars or x in local:
                 terms[x] = coef
             else:
                 constant += coef * (x.varValue or 0.0)
         if terms:
             sub += pulp.LpConstraint(pulp.LpAffineExpression(terms, constant), row.sense)
 
-    def _folded_rows(self, folded: list[int], names: set[str]) -> list[pulp.LpConstraint]:
+    def _folded_rows(
+        self, folded: list[int], free_vars: set[pulp.LpVariable]
+    ) -> list[pulp.LpConstraint]:
         """For each stage of `folded` (all its recomputations and releases fixed): one row,
         its entry's free part plus its highest point at the start less that part, at most
         the peak (the stages whose entry is fixed share one row); and, for each storage a
         fixed release lets go, that it is not available entering the next stage."""
         rows, fixed_high = [], 0.0
         for j in folded:
-            high = max(
-                row.constant + _at_start((x, c) for x, c in row.items() if x is not self.peak)
-                for row in self.peak_rows[j]
-            )
+            high = self._start_high(j)
             for root, y in self.releases[j]:
                 kept = self.avail.get((j + 1, root))
-                if _is_one(y) and kept is not None and kept.name in names:
+                if _is_one(y) and kept is not None and kept in free_vars:
                     rows.append(kept <= 0)
-            entry = {x: c for x, c in self.entry[j].items() if x.name in names}
+            entry = {x: c for x, c in self.entry[j].items() if x in free_vars}
             if not entry:
                 fixed_high = max(fixed_high, high)
                 continue
@@ -544,9 +557,20 @@ class StepMilp:
         rows.append(self.peak >= fixed_high)
         return rows
 
+    def _start_high(self, j: int) -> float:
+        """Stage j's highest point at the start (scaled bytes), kept until the next whole
+        start: every window folds most stages, each from all its rows."""
+        if j not in self._highs:
+            self._highs[j] = max(
+                row.constant + _at_start((x, c) for x, c in row.items() if x is not self.peak)
+                for row in self.peak_rows[j]
+            )
+        return self._highs[j]
+
     def relaxation(self, time_limit: float | None) -> Relaxation | None:
         """The LP relaxation under the current objective; None if not solved to optimality
         (a simplex stopped by its time limit proves no bound; PuLP calls it solved)."""
+        self._forget_start()
         outcome = cbc.solve(self.prob, time_limit, relax=True)
         if not outcome.optimal or outcome.objective is None:
             return None
@@ -572,28 +596,34 @@ class StepMilp:
         """RINS: from `start`, re-decide only the binaries on which the LP relaxation `lp`
         disagrees with it (by more than 0.1), with everything else fixed."""
         self.set_start(start)
-        names, stages = set(), set()
+        free_vars: set[pulp.LpVariable] = set()
+        stages: set[int] = set()
         for (i, _), x in self.redo.items():
             if abs(lp.get(x.name, 0.0) - (x.varValue or 0.0)) > 0.1:
-                names.add(x.name)
+                free_vars.add(x)
                 stages.add(i)
         for x in self.avail.values():
             if abs(lp.get(x.name, 0.0) - (x.varValue or 0.0)) > 0.1:
-                names.add(x.name)
-        outcome = cbc.solve(self._restricted(names, stages), time_limit, warm_start=True)
+                free_vars.add(x)
+        outcome = cbc.solve(self._restricted(free_vars, stages), time_limit, warm_start=True)
         if not outcome.found:
             return MilpResult(None, None, None)
         return MilpResult(self.windows(), (outcome.objective or 0.0) * self.unit, None)
 
-    def _rows_with(self, names: set[str]) -> list[pulp.LpConstraint]:
-        """The rows that hold any of the variables `names` (the index is built once)."""
+    def _shared_rows_with(self, free_vars: set[pulp.LpVariable]) -> list[pulp.LpConstraint]:
+        """The rows without a stage's mem or freed variable (a window writes those stages'
+        rows again) that hold any of `free_vars`, in the model's order (the index is built
+        once)."""
         rows = self.prob.constraints()
-        if self._rows_of is None:
-            self._rows_of = {}
+        if self._shared_rows is None:
+            local = set().union(*self.local)
+            self._shared_rows = {}
             for k, row in enumerate(rows):
+                if any(x in local for x in row):
+                    continue
                 for x in row:
-                    self._rows_of.setdefault(x.name, []).append(k)
-        picked = sorted({k for name in names for k in self._rows_of.get(name, ())})
+                    self._shared_rows.setdefault(x, []).append(k)
+        picked = sorted({k for x in free_vars for k in self._shared_rows.get(x, ())})
         return [rows[k] for k in picked]
 
     def windows(self) -> Windows:
@@ -606,17 +636,34 @@ class StepMilp:
     # -- warm start --------------------------------------------------------------------------
 
     def set_start(self, windows: Windows) -> None:
-        """Give every variable the value the schedule `windows` implies (CBC's MIP start)."""
-        chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
-        for key, x in self.redo.items():
-            x.setInitialValue(1 if key in chosen else 0)
-        avail = self._available_entering(windows)
-        for key, x in self.avail.items():
-            x.setInitialValue(1 if key in avail else 0)
-        for i in range(self.n):
-            self._start_stage(i, chosen, avail)
+        """Give every variable the value the schedule `windows` implies (CBC's MIP start).
+        Starting again from the windows of the last start, only the variables CBC has
+        overwritten since (those of the window sub-models) are put back: most window runs
+        find nothing and start again where they did, and a whole start costs a tenth of a
+        second on resnet50's step."""
+        key = tuple(map(tuple, windows))
+        if key == self._start_key:
+            for x, value in self._lent.items():
+                x.varValue = value
+        else:
+            self._forget_start()
+            chosen = {(i, a) for i, t in enumerate(self.stages) for a in windows[t]}
+            for k, x in self.redo.items():
+                x.varValue = 1 if k in chosen else 0
+            avail = self._available_entering(windows)
+            for k, x in self.avail.items():
+                x.varValue = 1 if k in avail else 0
+            for i in range(self.n):
+                self._start_stage(i, chosen, avail)
+            self._start_key = key
+        self._lent = {}
         if self.peak.upBound is not None:
             self.peak.setInitialValue(self.peak.upBound)
+
+    def _forget_start(self) -> None:
+        """The variables no longer hold the last start: the next one is set whole."""
+        self._start_key = None
+        self._highs.clear()
 
     def _available_entering(self, windows: Windows) -> set[tuple[int, Root]]:
         """(i, s) where storage s is read at or after stage i from a copy made before it."""
@@ -638,14 +685,11 @@ class StepMilp:
         }
 
     def _start_stage(self, i: int, chosen, avail) -> None:
+        """Stage i's mem and freed values under the recomputations `chosen` and the
+        storages `avail` available entering each stage."""
         f, sc = self.facts, self.scale
-        t = self.stages[i]
-        current = f.backward_before[t] * sc
-        for root, s in f.storages.items():
-            if s.held or not s.nbytes:
-                continue
-            if s.held_entering(t) or (i, root) in avail:
-                current += s.nbytes * sc
+        held, counted = self._entering_bytes()[i]
+        current = held + sum(nbytes for root, nbytes in counted if (i, root) in avail)
         window = self.candidates[i]
         last_use: dict[Root, int] = {}  # the last recomputation of window i touching a storage
         for a in window:
@@ -662,8 +706,27 @@ class StepMilp:
                     continue
                 free = bool(x) and last_use[root] <= self.position[a]
                 free = free and (i + 1, root) not in avail
-                y.setInitialValue(1 if free else 0)
+                y.varValue = 1 if free else 0
                 current -= f.storages[root].nbytes * sc * (1 if free else 0)
+
+    def _entering_bytes(self) -> list[tuple[float, list[tuple[Root, float]]]]:
+        """Per stage, the scaled bytes entering it before its window runs: those held by
+        backward views (fixed), and the storages that count when available (worked out
+        once: every start needs them)."""
+        if self._entering is None:
+            f, sc = self.facts, self.scale
+            self._entering = []
+            for t in self.stages:
+                held, counted = f.backward_before[t] * sc, []
+                for root, s in f.storages.items():
+                    if s.held or not s.nbytes:
+                        continue
+                    if s.held_entering(t):
+                        held += s.nbytes * sc
+                    else:
+                        counted.append((root, s.nbytes * sc))
+                self._entering.append((held, counted))
+        return self._entering
 
 
 def _at_start(terms: Iterable[tuple[pulp.LpVariable, float]]) -> float:
