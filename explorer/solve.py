@@ -64,6 +64,11 @@ REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 # 0.237 of the activations at +35.1% from the table; 0.216 at +30.5% after 8 s and 8 s
 # (6 s found nothing lower, 16 s 0.213); mobilenet_v2 b16 96 px: 0.256 to 0.224 in 8 s
 LARGE_LEAST_SECONDS = 8.0
+# a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
+# so its sweep ends with LPs for the labels, this long at most beyond REFINE_TOTAL: highest
+# budget first, each LP bounding the budgets under it too (sample:gpt's CPU step: about 1 s
+# an LP; its table's answers at 0.58 to 0.89 of the activations were 67% to 82% above them)
+WINDOWED_LABEL_SECONDS = 4.0
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 STAGE_SECONDS = 5.0  # CBC time per stage ILP when no time limit is given (a rare hard one
 # took 50 s on resnet50; stopped early it is labelled with its gap, and the table still holds)
@@ -412,22 +417,35 @@ class Solver:
 
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
         """Spend the refinement time a sweep left unused on lower bounds at solved `budgets`
-        that have none above zero (their search ran out of time before its LP): the LP
-        relaxation at each, highest budget first, unless the LPs solved so far carry one
-        to it. Returns the new bounds (recomputation seconds), also saved in the cache."""
-        if not (self.refines and self.whole_runs) or self.refiner is None:
+        that have none above zero (their search ran out of time before its LP): LP
+        relaxations at those budgets while time is left (a step refined with windows only
+        gets WINDOWED_LABEL_SECONDS at least), the highest budget first (its LP is the
+        quickest), the lowest next, then the middle of the widest stretch without one; then
+        each is labelled with the best bound
+        the LPs carry to it (every LP bounds every budget, the nearer the tighter).
+        Returns the new bounds (recomputation seconds), also saved in the cache."""
+        if not self.refines or self.refiner is None:
             return {}
-        found: dict[int, float] = {}
-        for budget in sorted(set(budgets), reverse=True):
+        unknown = []
+        for budget in sorted(set(budgets)):
             label = self.cache.label(str(budget))
-            if label is None or label[0] or (label[1] or 0.0) > 0.0:
-                continue  # not solved, proven, or bounded already
+            if label is not None and not label[0] and (label[1] or 0.0) <= 0.0:
+                unknown.append(budget)  # solved, neither proven nor bounded
+        left = self.refine_left
+        if not self.whole_runs:
+            left = max(left, WINDOWED_LABEL_SECONDS)
+        for budget in _spread(unknown):
+            if left < max(self.refiner.lp_seconds, 1.0):
+                break
+            check_cancel(self.cancel)
+            started = time.perf_counter()
+            self.refiner.bound(budget, left)
+            spent = time.perf_counter() - started
+            left -= spent
+            self.refine_left = max(self.refine_left - spent, 0.0)
+        found: dict[int, float] = {}
+        for budget in unknown:
             bound = self.refiner.bound(budget)
-            if (bound or 0.0) <= 0.0 and self.refine_left >= max(self.refiner.lp_seconds, 1.0):
-                check_cancel(self.cancel)
-                started = time.perf_counter()
-                bound = self.refiner.bound(budget, self.refine_left)
-                self.refine_left -= time.perf_counter() - started
             if bound is not None and bound > 0.0:
                 found[budget] = bound
                 self.cache.put_label(str(budget), False, bound)
@@ -498,6 +516,22 @@ def evaluate(
     schedule.baseline_seconds = baseline_seconds or schedule.predicted_seconds
     schedule.recomputed = list(dict.fromkeys(i.node for i in program.backward if i.recompute))
     return schedule
+
+
+def _spread(items: list[int]) -> list[int]:
+    """`items` (sorted) in an order that covers their range early: the last, the first,
+    then the middle of the widest stretch between two already taken, and so on."""
+    if len(items) <= 2:
+        return items[::-1]
+    order = [len(items) - 1, 0]
+    stretches = [(0, len(items) - 1)]
+    while stretches:
+        lo, hi = stretches.pop(0)
+        if hi - lo >= 2:
+            mid = (lo + hi) // 2
+            order.append(mid)
+            stretches += [(lo, mid), (mid, hi)]
+    return [items[k] for k in order]
 
 
 def _translate(solved: tuple[StageProblem, list[StageOption]], problem: StageProblem):
