@@ -776,7 +776,6 @@ def test_cbc_bound_is_read_to_its_printed_precision():
     assert cbc._proven_bound("Result - Stopped on time limit\n") is None
 
 
-
 def test_every_schedule_a_search_simulates_is_kept_among_the_answers(monkeypatch):
     # catches: a search keeping only its own best, so that a schedule it simulated on its
     # way, the best known at another peak, is lost (resnet50's least-peak search reached
