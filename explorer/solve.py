@@ -65,9 +65,9 @@ REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 # (6 s found nothing lower, 16 s 0.213); mobilenet_v2 b16 96 px: 0.256 to 0.224 in 8 s
 LARGE_LEAST_SECONDS = 8.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
-# so its sweep ends with LPs for the labels, this long at most beyond REFINE_TOTAL: highest
-# budget first, each LP bounding the budgets under it too (sample:gpt's CPU step: about 1 s
-# an LP; its table's answers at 0.58 to 0.89 of the activations were 67% to 82% above them)
+# so its sweep ends with LPs for the labels, this long at most beyond REFINE_TOTAL (see
+# Solver.bound_unknown; sample:gpt's CPU step: about 1 s an LP, its table's answers at 0.58 to
+# 0.89 of the activations 67% to 82% above their bounds)
 WINDOWED_LABEL_SECONDS = 4.0
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 STAGE_SECONDS = 5.0  # CBC time per stage ILP when no time limit is given (a rare hard one
@@ -431,9 +431,9 @@ class Solver:
         relaxations at those budgets while time is left (a step refined with windows only
         gets WINDOWED_LABEL_SECONDS at least), the highest budget first (its LP is the
         quickest), the lowest next, then the middle of the widest stretch without one; then
-        each is labelled with the best bound
-        the LPs carry to it (every LP bounds every budget, the nearer the tighter).
-        Returns the new bounds (recomputation seconds), also saved in the cache."""
+        each is labelled with the best bound the LPs carry to it (every LP bounds every
+        budget, the nearer the tighter). Returns the new bounds (recomputation seconds), also
+        saved in the cache."""
         if not self.refines or self.refiner is None:
             return {}
         unknown = []
