@@ -329,11 +329,8 @@ class StepMilp:
         variable or a fixed value. `new`: make the variables (the whole model, once)."""
         f, sc = self.facts, self.scale
         t = self.stages[i]
-        entry = pulp.LpAffineExpression(self.entry[i])
-        entry += (
-            sum(s.nbytes for s in f.storages.values() if not s.held and s.held_entering(t)) * sc
-        )
-        current = entry + f.backward_before[t] * sc
+        held = self._entering_bytes()[i][0]  # fixed bytes entering the stage
+        current = pulp.LpAffineExpression(self.entry[i]) + held
         read_now = set(self.reads[i])
         touchers: dict[Root, list[str]] = {}
         for a in window:
@@ -723,9 +720,10 @@ class StepMilp:
                 current -= f.storages[root].nbytes * sc * (1 if free else 0)
 
     def _entering_bytes(self) -> list[tuple[float, list[tuple[Root, float]]]]:
-        """Per stage, the scaled bytes entering it before its window runs: those held by
-        backward views (fixed), and the storages that count when available (worked out
-        once: every start needs them)."""
+        """Per stage, the scaled bytes entering it before its window runs: the fixed ones
+        (the backward's own and the storages backward views hold), and the storages that
+        count when available (worked out once: every start and every window's rewritten
+        stage needs them)."""
         if self._entering is None:
             f, sc = self.facts, self.scale
             self._entering = []
