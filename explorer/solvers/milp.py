@@ -41,6 +41,7 @@ from explorer.solvers.space import Space, Windows
 
 Root = tuple[str, int]
 CARRY_SLACK = 1e-6  # share of a bound carried to another budget given up (see Relaxation)
+GE, LE = pulp.LpConstraintGE, pulp.LpConstraintLE
 KEPT_TIE = 0.1  # weight of the least-peak objective's tie-break (see use_least_peak)
 
 
@@ -218,21 +219,36 @@ class StepMilp:
             self._cost(i, a) / self.time_unit * x for (i, a), x in self.redo.items()
         )
 
-    def _made(self, i: int, s: Root):
+    def _made(self, i: int, s: Root) -> pulp.LpVariable | None:
+        """The variable that makes storage s again in window i (None: none can)."""
         a = self.maker[s]
-        return self.redo.get((i, a), 0) if a else 0
+        return self.redo.get((i, a)) if a else None
 
     def _availability(self) -> None:
+        """A read needs its storage available or made again before it in the window; a
+        storage is available entering the next stage only if it was, or was made again
+        (rows as terms, see _stage_rows: `avail + made >= 1`, `redo <= avail + made` and
+        `avail[i + 1] <= avail[i] + made`)."""
         prob = self.prob
         for i in range(self.n):
             for s in self.reads[i]:
-                prob += self.avail[(i, s)] + self._made(i, s) >= 1
+                made = self._made(i, s)
+                terms = {self.avail[(i, s)]: 1}
+                if made is not None:
+                    terms[made] = 1
+                prob += _row(terms, -1, GE)
             for a in self.candidates[i]:
                 for s in self.ops_reads[a]:
-                    prob += self.redo[(i, a)] <= self.avail[(i, s)] + self._made(i, s)
+                    prob += _row(
+                        _sum_at_most(self.redo[(i, a)], self.avail[(i, s)], self._made(i, s)), 0, LE
+                    )
             if i + 1 < self.n:
                 for s in self.useful[i + 1]:
-                    prob += self.avail[(i + 1, s)] <= self.avail[(i, s)] + self._made(i, s)
+                    prob += _row(
+                        _sum_at_most(self.avail[(i + 1, s)], self.avail[(i, s)], self._made(i, s)),
+                        0,
+                        LE,
+                    )
 
     def _state(self, i: int, t: int):
         """Bytes of forward storages allocated while backward operator t runs, given the
@@ -326,11 +342,16 @@ class StepMilp:
     ) -> Iterator[pulp.LpConstraint]:
         """The rows of stage i's memory over the recomputations `window` (its candidates in
         order, or those of them not fixed at 0, which change nothing), each `redo(a)` a
-        variable or a fixed value. `new`: make the variables (the whole model, once)."""
-        f, sc = self.facts, self.scale
+        variable or a fixed value (1). `new`: make the variables (the whole model, once).
+
+        The rows are written as terms and constants (see _row), not with PuLP's operators,
+        which make several expressions per row (resnet50 b8 128 px: 132,000 rows in 2.5 s).
+        The coefficients, constants and term orders are those the operators gave."""
+        f, sc, peak = self.facts, self.scale, self.peak
         t = self.stages[i]
-        held = self._entering_bytes()[i][0]  # fixed bytes entering the stage
-        current = pulp.LpAffineExpression(self.entry[i]) + held
+        # the bytes allocated so far: entering the stage, then after each recomputation
+        current: dict[pulp.LpVariable, float] = dict(self.entry[i])
+        constant = 0.0 + self._entering_bytes()[i][0]
         read_now = set(self.reads[i])
         touchers: dict[Root, list[str]] = {}
         for a in window:
@@ -338,13 +359,23 @@ class StepMilp:
                 touchers.setdefault(root, []).append(a)
         for k, a in enumerate(window):
             x = redo(a)
-            made = sum(f.storages[r].nbytes for r in self.ops_makes[a])
+            made = sum(f.storages[r].nbytes for r in self.ops_makes[a]) * sc
+            workspace = f.workspace.get(a, 0) * sc
             if new:
                 self.mem[(i, a)] = self._local_variable(i, f"m{i}_{k}", None)
             mem = self.mem[(i, a)]
-            yield mem >= current + made * sc * x
-            yield self._peak_row(i, mem + f.workspace.get(a, 0) * sc * x, new)
-            frees = []
+            # mem >= current + made * x, and mem + workspace * x <= peak
+            terms = {mem: 1, **{v: -c for v, c in current.items()}}
+            if isinstance(x, int):
+                yield _row(terms, -(constant + made * x), GE)
+                yield self._peak_row(i, {mem: 1, peak: -1}, workspace * x, new)
+            else:
+                if made:
+                    terms[x] = -made
+                yield _row(terms, -constant, GE)
+                high = {mem: 1, x: workspace, peak: -1} if workspace else {mem: 1, peak: -1}
+                yield self._peak_row(i, high, 0, new)
+            current, constant = {mem: 1}, 0.0
             for root in self._touched(a):
                 s = f.storages[root]
                 if not s.nbytes or root in read_now or s.held_in_backward(t):
@@ -354,15 +385,18 @@ class StepMilp:
                     self.freed[(i, root, a)] = y
                     self.releases[i].append((root, y))
                 y = self.freed[(i, root, a)]
-                yield y <= x
+                # released only after a recomputation (y <= x), if the next stage does not
+                # need it (y <= 1 - avail) and no later recomputation here touches it
+                yield _at_most(y, x, False)
                 if (i + 1, root) in self.avail:
-                    yield y <= 1 - self.avail[(i + 1, root)]
+                    yield _at_most(y, self.avail[(i + 1, root)], True)
                 for later in touchers[root]:
                     if self.position[later] > self.position[a]:
-                        yield y <= 1 - redo(later)
-                frees.append(s.nbytes * sc * y)
-            current = mem - pulp.lpSum(frees)
-        yield self._peak_row(i, current + (f.backward_at[t] - f.backward_before[t]) * sc, new)
+                        yield _at_most(y, redo(later), True)
+                current[y] = -(s.nbytes * sc)
+        current[peak] = -1
+        backward = (f.backward_at[t] - f.backward_before[t]) * sc
+        yield self._peak_row(i, current, constant + backward, new)
 
     def _local_variable(self, i: int, name: str, upper: int | None) -> pulp.LpVariable:
         """A new continuous variable of stage i's memory (a mem or a freed), from 0."""
@@ -370,9 +404,12 @@ class StepMilp:
         self.local[i].add(x)
         return x
 
-    def _peak_row(self, i: int, bytes_: pulp.LpAffineExpression, new: bool) -> pulp.LpConstraint:
-        """`bytes_ <= peak`, remembered as one of stage i's peaks when `new`."""
-        row = bytes_ <= self.peak
+    def _peak_row(
+        self, i: int, terms: dict[pulp.LpVariable, float], constant: float, new: bool
+    ) -> pulp.LpConstraint:
+        """`terms + constant <= 0` (terms that hold `-peak`), remembered as one of stage i's
+        peaks when `new`."""
+        row = _row(terms, constant, LE)
         if new:
             self.peak_rows[i].append(row)
         return row
@@ -738,6 +775,25 @@ class StepMilp:
                         counted.append((root, s.nbytes * sc))
                 self._entering.append((held, counted))
         return self._entering
+
+
+def _row(terms: dict[pulp.LpVariable, float], constant: float, sense: int) -> pulp.LpConstraint:
+    """The row `terms + constant (sense) 0`, made directly."""
+    return pulp.LpConstraint(pulp.LpAffineExpression(terms, constant), sense)
+
+
+def _at_most(y: pulp.LpVariable, x: pulp.LpVariable | int, flip: bool) -> pulp.LpConstraint:
+    """`y <= x`, or `y <= 1 - x` if `flip`; x a variable or a fixed value."""
+    if isinstance(x, int):
+        return _row({y: 1}, -(1 - x if flip else x), LE)
+    return _row({y: 1, x: 1 if flip else -1}, -1 if flip else 0, LE)
+
+
+def _sum_at_most(
+    x: pulp.LpVariable, avail: pulp.LpVariable, made: pulp.LpVariable | None
+) -> dict[pulp.LpVariable, int]:
+    """The terms of `x <= avail + made` (made None: `x <= avail`)."""
+    return {x: 1, avail: -1} if made is None else {x: 1, avail: -1, made: -1}
 
 
 def _at_start(terms: Iterable[tuple[pulp.LpVariable, float]]) -> float:
