@@ -60,8 +60,8 @@ WINDOWED_LEAST_EFFORT = 2 * MINIMUM_EFFORT
 REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 # above MAX_WINDOWED_SIZE only the least peak is searched (windows), then the fastest schedule
 # at it, each for this long (at most what is left of REFINE_TOTAL), after the model is written
-# (4 s for resnet50's 13,476 binaries): its table answers stand elsewhere. resnet50 b8 128 px:
-# 0.237 of the activations at +35.1% from the table; 0.216 at +30.5% after 8 s and 8 s
+# (2.6 to 2.9 s for resnet50's 13,476 binaries): its table answers stand elsewhere. resnet50
+# b8 128 px: 0.237 of the activations at +35.1% from the table; 0.216 at +30.5% after 8 s and 8 s
 # (6 s found nothing lower, 16 s 0.213); mobilenet_v2 b16 96 px: 0.256 to 0.224 in 8 s
 LARGE_LEAST_SECONDS = 8.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
