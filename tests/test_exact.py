@@ -77,21 +77,30 @@ def test_the_milp_counts_views_its_stage_makes_again_and_never_more_than_simulat
     # counts views `lower` does not make again (the LP would no longer bound the time)
     graph, profile = _costly_view()
     solver = make_solver("exact", graph, profile)
-    milp, base = solver.milp, solver.baseline.predicted_seconds
-    milp.use_budget(10**6)
     grad_h = solver.space.order.index("grad_h")
     exact = 0
+    for windows, counted, simulated in _counted_and_simulated(solver, graph, profile):
+        if windows[grad_h] == ["a1"] and not any(windows[:grad_h]):
+            assert counted == pytest.approx(simulated) == pytest.approx(4.0)
+            exact += 1
+    assert exact == 1
+
+
+def _counted_and_simulated(solver, graph, profile):
+    """Every schedule of the space (but those that make a storage again while it is alive:
+    the program runs it once, the MILP counts it twice) with the recomputation seconds the
+    MILP's objective counts for it and those simulated, checking the first never exceeds
+    the second (else the LP would not bound the time)."""
+    milp, base = solver.milp, solver.baseline.predicted_seconds
+    milp.use_budget(10**6)
     for _, seconds, windows in brute_force(solver.space, graph, profile):
         recomputed = [a for window in windows for a in window]
         if len(set(recomputed)) < len(recomputed):
-            continue  # made again while alive: the program runs it once, the MILP twice
+            continue
         milp.set_start(windows)
         counted = pulp.value(milp.time_cost) * milp.time_unit
         assert counted <= seconds - base + 1e-9, windows
-        if windows[grad_h] == ["a1"] and not any(windows[:grad_h]):
-            assert counted == pytest.approx(seconds - base) == pytest.approx(4.0)
-            exact += 1
-    assert exact == 1
+        yield windows, counted, seconds - base
 
 
 def _view_read_by_a_recomputation(stage_reads_it: bool):
@@ -119,19 +128,12 @@ def test_the_milp_counts_views_a_window_makes_again_for_its_own_recomputations(s
     # longer bound the time)
     graph, profile = _view_read_by_a_recomputation(stage_reads_it)
     solver = make_solver("exact", graph, profile)
-    milp, base = solver.milp, solver.baseline.predicted_seconds
-    milp.use_budget(10**6)
+    milp = solver.milp
     grad_c = solver.space.order.index("grad_c")
     exact = 0
-    for _, seconds, windows in brute_force(solver.space, graph, profile):
-        recomputed = [a for window in windows for a in window]
-        if len(set(recomputed)) < len(recomputed):
-            continue  # made again while alive: the program runs it once, the MILP twice
-        milp.set_start(windows)
-        counted = pulp.value(milp.time_cost) * milp.time_unit
-        assert counted <= seconds - base + 1e-9, windows
+    for windows, counted, simulated in _counted_and_simulated(solver, graph, profile):
         if windows[grad_c] == ["a1", "b1"] and not any(windows[:grad_c]):
-            assert counted == pytest.approx(seconds - base) == pytest.approx(5.0)
+            assert counted == pytest.approx(simulated) == pytest.approx(5.0)
             exact += 1
             # a window re-deciding a1 and b1 re-decides v1's remake with them
             stage = milp.stages.index(grad_c)
