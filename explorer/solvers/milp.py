@@ -264,10 +264,10 @@ class StepMilp:
         for k, ((i, v), (a, readers)) in enumerate(self.window_views.items()):
             z = self.prob.add_variable(f"v{k}", 0, 1)
             self.remade[(i, v)] = z
-            x = self.redo[(i, a)]
-            for b in readers:
-                self.prob += _row({z: 1, x: -1, self.redo[(i, b)]: -1}, 1, GE)
-            for y in (x, *(self.redo[(i, b)] for b in readers)):
+            x, reads = self.redo[(i, a)], [self.redo[(i, b)] for b in readers]
+            for y in reads:
+                self.prob += _row({z: 1, x: -1, y: -1}, 1, GE)
+            for y in (x, *reads):
                 self._linked.setdefault(y, []).append(z)
             cost.append(self.seconds.get(v, 0.0) / self.time_unit * z)
         return cost
