@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from explorer.chain import Chain, Stage, build_chain
@@ -31,6 +32,7 @@ from explorer.schedule import GraphSchedule
 from explorer.simulate import simulate
 from explorer.solvers.accounting import step_facts
 from explorer.solvers.answers import Answers, relative_gap
+from explorer.solvers.background import BackgroundSearch, search_least_peak
 from explorer.solvers.cache import SolverCache, digest
 from explorer.solvers.milp import StepMilp
 from explorer.solvers.refine import Refiner
@@ -59,11 +61,12 @@ MINIMUM_EFFORT = 2.0
 WINDOWED_LEAST_EFFORT = 2 * MINIMUM_EFFORT
 REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 # above MAX_WINDOWED_SIZE only the least peak is searched (windows), then the fastest schedule
-# at it, each for this long (at most what is left of REFINE_TOTAL), after the model is written
-# (2.6 to 2.9 s for resnet50's 13,476 binaries): its table answers stand elsewhere. resnet50
-# b8 128 px: 0.237 of the activations at +35.1% from the table; 0.216 at +30.5% after 8 s and 8 s
-# (6 s found nothing lower, 16 s 0.213); mobilenet_v2 b16 96 px: 0.256 to 0.224 in 8 s
-LARGE_LEAST_SECONDS = 8.0
+# at it, each for this long (at most what is left of REFINE_TOTAL): its table answers stand
+# elsewhere. Where a second core is free, a second process writes the model while the setup runs
+# and searches two windows at a time (explorer.solvers.background). resnet50 b8 128 px on two
+# cores: 0.237 of the activations at +35.1% from the table; 0.213 at +27.3% after 3 s and 3 s,
+# the whole sweep in 9.4 to 9.9 s (with 8 s each: 0.213 at +20% to +24%, 13 to 21 s)
+LARGE_LEAST_SECONDS = 3.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
 # so its sweep ends with LPs for the labels, this long at most beyond REFINE_TOTAL (see
 # Solver.bound_unknown; sample:gpt's CPU step: about 1 s an LP, its table's answers at 0.58 to
@@ -142,6 +145,24 @@ class Solver:
         numbers = [sorted(profile.seconds.items()), sorted(profile.workspace.items())]
         self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
+        order = backward_order(graph, [stage.backward for stage in self.chain.stages])
+        pinned = {ref[0] for ref in self.chain.pinned}
+        self.space = Space(graph, order, pinned)
+        facts = step_facts(graph, order, profile.workspace)
+        self.milp = StepMilp(self.space, facts, self.seconds)
+        self.refine_seconds = refine_seconds
+        self.refine_left = float("inf") if refine_total is None else refine_total
+        # a larger step is refined with windows only: CBC on its whole model takes seconds to
+        # even start
+        self.whole_runs = max_refine_size is None or self.milp.size <= max_refine_size
+        self.refines = refine_seconds > 0 and (
+            self.whole_runs or self.milp.size <= MAX_WINDOWED_SIZE
+        )
+        self.least_only = refine_seconds > 0 and not self.refines  # see LARGE_LEAST_SECONDS
+        self.background: BackgroundSearch | None = None
+        if self.least_only and self.cache.label("least") is None:  # writes the model now
+            simulate = partial(_simulated, graph, profile, self.space, self.fingerprint)
+            self.background = BackgroundSearch.start(self.milp, simulate)
         started = time.perf_counter()
         stage_limit = STAGE_SECONDS if time_limit is None else time_limit
         self.options = self._stage_options(stage_limit, progress, cancel)
@@ -153,26 +174,12 @@ class Solver:
         grads = sum(stage.param_grad_bytes for stage in self.chain.stages)
         self.fixed_bytes = graph.static_bytes() + grads  # no schedule can go below this
         self.table = self._build_table()
-        order = backward_order(graph, [stage.backward for stage in self.chain.stages])
-        pinned = {ref[0] for ref in self.chain.pinned}
-        self.space = Space(graph, order, pinned)
         self.answers = Answers(self.baseline)
         read = self._read_cache() or self._read_table(cancel)
-        facts = step_facts(graph, order, profile.workspace)
-        self.milp = StepMilp(self.space, facts, self.seconds)
-        self.refine_seconds = refine_seconds
-        self.refine_left = float("inf") if refine_total is None else refine_total
         self.whole_share = whole_share
         self.refiner: Refiner | None = None
         self.minimum_effort = minimum_effort
         self.share = float("inf")  # a budget's share of the time left (see `pace`)
-        # a larger step is refined with windows only: CBC on its whole model takes seconds to
-        # even start
-        self.whole_runs = max_refine_size is None or self.milp.size <= max_refine_size
-        self.refines = refine_seconds > 0 and (
-            self.whole_runs or self.milp.size <= MAX_WINDOWED_SIZE
-        )
-        self.least_only = refine_seconds > 0 and not self.refines  # see LARGE_LEAST_SECONDS
         flat = [o for opts in self.options for o in opts]
         self.setup = SetupReport(
             stages=len(self.chain.stages),
@@ -322,7 +329,8 @@ class Solver:
 
     def schedule_of(self, windows: Windows) -> GraphSchedule:
         """The simulated schedule of a point of the space (useless recomputations dropped)."""
-        return self.evaluate(self.space.lower(self.space.prune(windows), self.fingerprint))
+        base = self.baseline.predicted_seconds
+        return _simulated(self.graph, self.profile, self.space, self.fingerprint, windows, base)
 
     def _searched(self, windows: Windows) -> GraphSchedule:
         """`schedule_of` for the refiner: every schedule a search simulates is kept among the
@@ -371,20 +379,29 @@ class Solver:
     def _least_of_large_step(self) -> None:
         """A step too large to refine every budget: windows lower the table's least peak,
         then look for the fastest schedule at the new one (LARGE_LEAST_SECONDS each, from
-        what is left of the refinement time, once the model is written). Nothing is proven
-        here, and the labels saved make a second sweep read the answers back."""
+        what is left of the refinement time, once the model is written), in the process
+        that has been writing the model since the setup began (explorer.solvers.background)
+        where there is one. Nothing is proven here, and the labels saved make a second sweep
+        read the answers back."""
+        background, self.background = self.background, None
         seconds = min(LARGE_LEAST_SECONDS, self.refine_left / 2)
         if seconds < 0.5:
+            if background is not None:
+                background.close()
             return
-        self.milp.build()  # seconds on such a step: not the search's time
-        refiner = self._refiner()
-        started = time.perf_counter()
-        self.answers.add(refiner.leanest(self.answers.lowest(), seconds).schedule)
-        lowest = self.answers.lowest()
-        budget = lowest.predicted_peak_bytes
-        start = self.answers.best_within(budget) or lowest
-        self.answers.add(refiner.fastest(budget, start, seconds).schedule)
-        self.refine_left -= time.perf_counter() - started
+        found = None
+        if background is not None:
+            found = background.search(self.baseline, self.answers.lowest(), seconds, self.cancel)
+        if found is not None:
+            schedules, searched = found
+            for schedule in schedules:
+                self.answers.add(schedule)
+        else:  # no second process: write the model here (not the search's time), search
+            self.milp.build()
+            started = time.perf_counter()
+            search_least_peak(self._refiner(), self.answers, seconds)
+            searched = time.perf_counter() - started
+        self.refine_left -= searched
         self.cache.put_label("least", False, None)
         self._save()
 
@@ -484,7 +501,10 @@ class Solver:
         cache); ('optimal', 0) if proven, else ('feasible', gap to the proven bound)."""
         if label is None:
             started = time.perf_counter()
-            refined = self._refiner().fastest(budget, start, self._refine_time(effort))
+            # at the least peak known, the start is the least-peak search's, found without
+            # counting time: drop what it need not recompute first
+            drop = budget <= self.answers.lowest().predicted_peak_bytes
+            refined = self._refiner().fastest(budget, start, self._refine_time(effort), drop)
             self.refine_left -= time.perf_counter() - started
             self.answers.add(refined.schedule)
             label = (refined.optimal, refined.bound)
@@ -500,9 +520,22 @@ class Solver:
         """One refiner for all budgets: it learns whether whole-model runs pay off here."""
         if self.refiner is None:
             if self.whole_share is None:
-                self.refiner = Refiner(self.milp, self._searched, whole_runs=self.whole_runs)
+                self.refiner = Refiner(
+                    self.milp,
+                    self._searched,
+                    whole_runs=self.whole_runs,
+                    parallel=True,
+                    simulate=self.schedule_of,
+                )
             else:  # a solver that chose its share (exact) keeps every run
-                self.refiner = Refiner(self.milp, self._searched, self.whole_share, learn=False)
+                self.refiner = Refiner(
+                    self.milp,
+                    self._searched,
+                    self.whole_share,
+                    learn=False,
+                    parallel=True,
+                    simulate=self.schedule_of,
+                )
         return self.refiner
 
     @staticmethod
@@ -526,6 +559,19 @@ def evaluate(
     schedule.baseline_seconds = baseline_seconds or schedule.predicted_seconds
     schedule.recomputed = list(dict.fromkeys(i.node for i in program.backward if i.recompute))
     return schedule
+
+
+def _simulated(
+    graph: Graph,
+    profile: Profile,
+    space: Space,
+    fingerprint: str,
+    windows: Windows,
+    baseline_seconds: float,
+) -> GraphSchedule:
+    """The simulated schedule of a point of `space` (useless recomputations dropped)."""
+    schedule = space.lower(space.prune(windows), fingerprint)
+    return evaluate(graph, profile, schedule, baseline_seconds)
 
 
 def _spread(items: list[int]) -> list[int]:

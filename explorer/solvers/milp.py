@@ -658,6 +658,13 @@ class StepMilp:
         rows.append(self.peak >= fixed_high)
         return rows
 
+    def stage_highs(self, windows: Windows) -> list[float]:
+        """Each stage's highest point (scaled bytes) under the schedule `windows`, as its rows
+        count it (0 for a stage without rows): the least-peak search re-decides the windows
+        around the highest first. Computed once per start, as the window runs need it too."""
+        self.set_start(windows)
+        return [self._start_high(j) if self.peak_rows[j] else 0.0 for j in range(self.n)]
+
     def _start_high(self, j: int) -> float:
         """Stage j's highest point at the start (scaled bytes), kept until the next whole
         start: every window folds most stages, each from all its rows."""
@@ -710,6 +717,12 @@ class StepMilp:
         if not outcome.found:
             return MilpResult(None, None, None)
         return MilpResult(self.windows(), (outcome.objective or 0.0) * self.unit, None)
+
+    def prepare_windows(self) -> None:
+        """Build what every window run reads (the model, the index of its shared rows), so
+        that a forked worker inherits it instead of building its own."""
+        self.build()
+        self._shared_rows_with(set())
 
     def _shared_rows_with(self, free_vars: set[pulp.LpVariable]) -> list[pulp.LpConstraint]:
         """The rows without a stage's mem or freed variable (a window writes those stages'

@@ -25,6 +25,9 @@ reaches it, until a sweep spends the time it left on LPs at such budgets: Solver
 On a step too large for CBC on its whole model (seconds before it even starts: sample:gpt's
 CPU step took 11 s for a 5 s run) the refiner re-decides windows only: no LP bound, RINS or
 whole-model run, so nothing is proven and the gap stays unknown.
+A search for the fastest schedule at a least peak first drops what its start need not
+recompute (`_drop`): the least-peak search counts no time. With a second core, windows run two
+at a time, one in a forked worker (explorer.solvers.worker).
 Every candidate is simulated again; only schedules that fit by simulation are kept.
 """
 
@@ -38,6 +41,7 @@ from dataclasses import dataclass, replace
 from explorer.schedule import GraphSchedule
 from explorer.solvers.milp import Relaxation, StepMilp
 from explorer.solvers.space import Windows
+from explorer.solvers.worker import WindowWorker
 
 WINDOW = 8  # stages re-decided at once
 # the least-peak search re-decides twice as many: its peak sits in one layer's backward but
@@ -54,6 +58,7 @@ FIRST_SHARE = 0.25  # share of the time for CBC on the whole model first (proves
 RINS_SHARE = 0.25  # share of the time left for RINS (at most a second)
 WHOLE_SHARE = 0.25  # share of the time left after RINS kept for CBC on the whole model last
 FRUITLESS = 2  # whole-model runs in a row that found nothing, after which they are skipped
+DROP_SHARE = 0.5  # at most this share of a search that drops first goes to dropping
 
 
 @dataclass
@@ -77,19 +82,30 @@ class Refiner:
         whole_share: float = WHOLE_SHARE,
         learn: bool = True,
         whole_runs: bool = True,
+        parallel: bool = False,
+        simulate: Callable[[Windows], GraphSchedule] | None = None,
     ) -> None:
         self.milp = milp
         self.evaluate = evaluate
+        # `evaluate` without keeping the schedule among the solver's answers: the drop pass's
+        # refused moves are not kept (a mid budget would start from them: gpt_2_layers' 0.643
+        # ended at +9.5% where it ended at +4.6% without them)
+        self.simulate = simulate or evaluate
         self.windows_of = milp.space.windows_of
         self.whole_share = whole_share
         self.learn = learn
         self.whole_runs = whole_runs  # False: windows only (CBC on a large whole model is slow)
+        self.parallel = parallel  # two windows at once, with a forked worker where one may run
         self.fruitless: Counter[str] = Counter()  # objective: whole-model runs in a row
         self.relaxations: list[Relaxation] = []  # LPs solved under budgets (their bounds)
         self.lp_seconds = 0.0  # what the last LP took
 
-    def fastest(self, budget: int, start: GraphSchedule, seconds: float) -> Refined:
-        """The least recomputation within `budget`, from `start` (which must fit)."""
+    def fastest(
+        self, budget: int, start: GraphSchedule, seconds: float, drop: bool = False
+    ) -> Refined:
+        """The least recomputation within `budget`, from `start` (which must fit). `drop`:
+        first drop the recomputations the budget does not need (see `_drop`), for a start
+        found without counting time (the least-peak search's)."""
 
         def better(s: GraphSchedule, best: GraphSchedule) -> bool:
             return (
@@ -104,7 +120,7 @@ class Refiner:
 
         objective = lambda: self.milp.use_budget(budget)  # noqa: E731
         return self._search(
-            "fastest", start, seconds, objective, better, value, WINDOW, WINDOW_SECONDS
+            "fastest", start, seconds, objective, better, value, WINDOW, WINDOW_SECONDS, drop
         )
 
     def leanest(self, start: GraphSchedule, seconds: float) -> Refined:
@@ -139,6 +155,7 @@ class Refiner:
         value,
         width: int,
         window_seconds: float,
+        drop: bool = False,
     ) -> Refined:
         started = time.perf_counter()
         deadline = started + seconds
@@ -148,16 +165,23 @@ class Refiner:
         # autograd's own order is outside the space: start from no recomputation in ours
         windows = self.windows_of(start) or milp.space.empty()
 
-        def take(found) -> None:
+        def take(found: Windows | None) -> None:
             nonlocal best, windows
-            if found.windows is not None:
-                candidate = self.evaluate(found.windows)
+            if found is not None:
+                candidate = self.evaluate(found)
                 if better(candidate, best):
                     best, windows = candidate, self.windows_of(candidate)
 
         def proven(bound: float | None) -> bool:
             return bound is not None and value(best) <= bound * (1 + 1e-9) + 1e-12
 
+        if drop:
+
+            def take_better(found: Windows) -> None:
+                if better(self.simulate(found), best):
+                    take(found)
+
+            self._drop(started + seconds * DROP_SHARE, take_better, lambda: windows)
         # the LP guides RINS and leads only where CBC on the whole model pays off; elsewhere
         # it comes after the windows, for its bound, if there is time (see _relax)
         guided = self._worth(kind)
@@ -173,7 +197,7 @@ class Refiner:
             if limit < 0.1:
                 return proven(bound)
             outcome = milp.run(limit, windows)
-            take(outcome)
+            take(outcome.windows)
             if outcome.bound is not None:
                 bound = max(bound or 0.0, outcome.bound)
             return proven(bound)
@@ -193,12 +217,14 @@ class Refiner:
         if proven(bound) or tried_whole(left() * FIRST_SHARE):
             return Refined(best, True, bound)
         if relaxed is not None:
-            take(milp.run_guided(max(min(left() * RINS_SHARE, 1.0), 0.2), windows, relaxed.values))
+            rins_seconds = max(min(left() * RINS_SHARE, 1.0), 0.2)
+            take(milp.run_guided(rins_seconds, windows, relaxed.values).windows)
             if proven(bound):
                 return Refined(best, True, bound)
         whole_share = self.whole_share if self._worth(kind) else 0.0
         window_end = deadline - left() * whole_share
-        self._windows(window_end, take, lambda: windows, width, window_seconds)
+        lean = kind == "leanest"
+        self._windows(window_end, take, lambda: windows, width, window_seconds, lean)
         if self.whole_runs and not guided and left() >= self.lp_seconds:
             bound = _largest(
                 [bound, self._best_bound(self._relax(max(left(), 2 * self.lp_seconds)))]
@@ -237,40 +263,123 @@ class Refiner:
         """Whether CBC on the whole model is still worth its time for objective `kind`."""
         return self.whole_runs and (not self.learn or self.fruitless[kind] < FRUITLESS)
 
-    def _windows(self, deadline: float, take, current, width: int, seconds: float) -> None:
+    def _drop(self, until: float, take, current) -> None:
+        """Try running each recomputation of the current schedule no more, the costliest
+        first, keeping every removal that still fits, until a pass keeps none or `until`.
+        One simulation a move, where a window finds such moves one CBC run at a time: the
+        least peak's first schedule on gpt_2_layers (the least-peak objective counts no
+        time) went from +289% to +29% in 1.9 s, where 8 s of windows reached +60%."""
+        improved = True
+        while improved:
+            improved = False
+            windows = current()
+            moves = [(t, a) for t, window in enumerate(windows) for a in window]
+            moves.sort(key=lambda move: -self.milp.seconds.get(move[1], 0.0))
+            for t, a in moves:
+                if time.perf_counter() >= until:
+                    return
+                before = current()
+                if a not in before[t]:
+                    continue  # already dropped by the pruning of an earlier move
+                candidate = [list(window) for window in before]
+                candidate[t].remove(a)
+                take(candidate)
+                improved = improved or current() is not before
+
+    def _windows(
+        self, deadline: float, take, current, width: int, seconds: float, lean: bool
+    ) -> None:
         """Re-decide windows of `width` stages in turn (each CBC run at most `seconds`) while
         time remains: the narrowest reach while a pass over them improves, then the next
         wider one, and so on; done when the widest finds nothing. (Going back to the
         narrowest after each improvement kept sample:gpt's cheap end narrow: +1.9% where
         wide windows found +0.7%.) A window is not run again from a schedule it already
         started from: the pass after an improvement would otherwise repeat every window run
-        since, each a CBC run that had found nothing from that very schedule."""
+        since, each a CBC run that had found nothing from that very schedule. With a worker
+        (explorer.solvers.worker), two windows that share no stage run at once from the same
+        schedule; each answer is taken on its own, then both together."""
+        worker = WindowWorker.start(self.milp) if self.parallel else None
+        try:
+            self._window_passes(deadline, take, current, width, seconds, lean, worker)
+        finally:
+            if worker is not None:
+                worker.close()
+
+    def _window_passes(
+        self,
+        deadline: float,
+        take,
+        current,
+        width: int,
+        seconds: float,
+        lean: bool,
+        worker: WindowWorker | None,
+    ) -> None:
+        """The passes of `_windows`, with `worker` if there is one."""
         level = 0
         tried: set[tuple[int, int, tuple[tuple[str, ...], ...]]] = set()
+        # the most a run has taken beyond its CBC limit (writing its sub-model, reading the
+        # answer back: up to a second on resnet50's step), kept off the next runs' limits so
+        # the windows end by the deadline
+        overhead = 0.0
         while level < len(REACHES):
             improved = False
-            for first in self._window_starts(current(), width):
-                left = deadline - time.perf_counter()
+            pending = self._window_starts(current(), width, lean)
+            while pending:
+                left = deadline - time.perf_counter() - overhead
                 if left < 0.1:
                     return
                 before = current()
-                run = (first, level, tuple(map(tuple, before)))
-                if run in tried:
-                    continue  # the same window from the same schedule: it found nothing
-                tried.add(run)
+                state = tuple(map(tuple, before))
+                pending = [f for f in pending if (f, level, state) not in tried]
+                if not pending:
+                    break
+                first = pending.pop(0)
+                partner = None
+                if worker is not None and worker.alive:
+                    partner = next((f for f in pending if abs(f - first) >= width), None)
+                runs = [first] if partner is None else [first, partner]
+                tried.update((f, level, state) for f in runs)
+                limit, reach = min(left, seconds), REACHES[level]
+                if partner is not None:
+                    pending.remove(partner)
+                    worker.submit(before, range(partner, partner + width), reach, limit)
                 free = range(first, first + width)
-                take(self.milp.run(min(left, seconds), before, free=free, reach=REACHES[level]))
+                ran = time.perf_counter()
+                found = [self.milp.run(limit, before, free=free, reach=reach).windows]
+                if partner is not None:
+                    found.append(worker.result())
+                overhead = max(overhead, time.perf_counter() - ran - limit)
+                for windows in found:
+                    take(windows)
+                if len(found) == 2 and found[0] is not None and found[1] is not None:
+                    take(_together(before, found[0], found[1]))
                 improved = improved or current() is not before
             if not improved:
                 level += 1
 
-    def _window_starts(self, windows: Windows, width: int) -> list[int]:
-        """First stages of the windows to re-decide, overlapping by half: those where the
-        schedule recomputes come first (that is where time can be won back)."""
+    def _window_starts(self, windows: Windows, width: int, lean: bool) -> list[int]:
+        """First stages of the windows to re-decide, overlapping by half: for the least peak
+        (`lean`), those holding the highest stage first (the peak comes down only where it
+        is reached); then those where the schedule recomputes (where time can be won back)."""
         n, step = self.milp.n, width // 2
         starts = list(range(0, max(n - step, 1), step))
         busy = {i for i, t in enumerate(self.milp.stages) if windows[t]}
-        return sorted(starts, key=lambda f: -len(busy & set(range(f, f + width))))
+        highs = self.milp.stage_highs(windows) if lean else [0.0] * n
+
+        def key(first: int) -> tuple[float, int]:
+            stages = range(first, min(first + width, n))
+            return -max((highs[i] for i in stages), default=0.0), -len(busy & set(stages))
+
+        return sorted(starts, key=key)
+
+
+def _together(start: Windows, one: Windows, other: Windows) -> Windows | None:
+    """The changes two window runs made to `start`, both applied (None where either made
+    none: the other alone was taken already)."""
+    if one == start or other == start:
+        return None
+    return [b if b != s else a for s, a, b in zip(start, one, other, strict=True)]
 
 
 def _largest(bounds: list[float | None]) -> float | None:
