@@ -346,6 +346,11 @@ class Solver:
         """Every verified Pareto-optimal schedule found so far (ascending peak)."""
         return [self._copy(s) for s in self.answers.points]
 
+    def lowest_known(self) -> int:
+        """The least simulated peak of a schedule found so far (a budget's search may pass
+        below the minimum's)."""
+        return self.answers.lowest().predicted_peak_bytes
+
     def minimum(self) -> GraphSchedule:
         """The least simulated peak found (searched with the whole-step MILP when the step
         is small enough), and the fastest schedule found at that peak."""

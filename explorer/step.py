@@ -172,6 +172,14 @@ class StepSolver:
             self._minimum = self.combine([s.minimum() for s in self.solvers])
         return self._minimum.copy()
 
+    def lowest_known(self) -> int:
+        """The least step peak of a plan found so far: for a single graph, its solver's
+        lowest answer (a budget's search may pass below the minimum); several graphs share
+        each budget out anew, so there the minimum's."""
+        if len(self.solvers) == 1:
+            return self.combine([self.solvers[0].known()[0]]).predicted_peak_bytes
+        return self.minimum().predicted_peak_bytes
+
     def solve(self, budget_bytes: int) -> Schedule:
         """The fastest plan whose predicted step peak is at most `budget_bytes`."""
         started = time.perf_counter()

@@ -172,7 +172,9 @@ def sweep_budgets(
     """Solve `points` budgets evenly spaced from the feasible minimum to the baseline peak,
     then up to `points` // 2 more inside the widest holes of the front (wider than HOLE of
     the range). A hole that remains is real for this solver: asked for a budget just under
-    its upper end, it answers with the point under its lower end. A solver that swept this
+    its upper end, it answers with the point under its lower end. A peak lower than the
+    minimum, found on the way, is asked too (the front's range hangs on it, and a second
+    sweep then finds it answered). A solver that swept this
     profile before (its cache) is asked the budgets it was asked then. Before each budget the
     solver is told how many may follow, so that its search time lasts to the last one; what
     is left at the end buys lower bounds for the points whose gap is still unknown."""
@@ -209,6 +211,11 @@ def sweep_budgets(
                 break
             solver.pace(points // 2 - k)
             solve(budget)
+        lowest = solver.lowest_known()
+        if lowest < low:  # a search found a lower peak than the least-peak search: ask it
+            total = max(total, len(solved) + 1)
+            solver.pace(1)
+            solve(lowest)
         report(progress, len(solved), total, "lower bounds for the unknown gaps")
         _label_unknown_gaps(solver, solved)
         solver.remember_sweep(points, [p.budget_bytes for p in solved])

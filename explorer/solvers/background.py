@@ -34,7 +34,7 @@ from explorer.solvers.answers import Answers
 from explorer.solvers.milp import StepMilp
 from explorer.solvers.refine import Refiner
 from explorer.solvers.space import Windows
-from explorer.solvers.worker import STOP_SECONDS, as_child, available
+from explorer.solvers.worker import STOP_SECONDS, as_child, available, frozen
 
 # Simulate the schedule of some windows, given the no-recompute step's seconds.
 Simulate = Callable[[Windows, float], GraphSchedule]
@@ -62,7 +62,7 @@ class BackgroundSearch:
         ours, theirs = Pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), frozen():
             warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
             pid = os.fork()
         if pid == 0:  # the child: never returns

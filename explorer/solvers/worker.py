@@ -15,12 +15,15 @@ lock the child then needs) is killed, and the search goes on alone.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
 import signal
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from types import TracebackType
 
@@ -30,6 +33,21 @@ from explorer.solvers.space import Windows
 GRACE_SECONDS = 5.0  # beyond a run's CBC limit, for writing its sub-model and reading back
 STOP_SECONDS = 1.0  # a stopped child's time to unwind before it is killed
 DISABLE = "REMAT_EXPLORER_SERIAL"  # set (to anything) to run windows one at a time
+
+
+@contextmanager
+def frozen() -> Iterator[None]:
+    """Around a fork: the objects that exist are left out of the garbage collector's passes
+    until it is done, so that a pass in the child does not write to every object it inherited
+    (copying the parent's whole heap, page by page: the model, the graph, a dashboard's
+    kernel). The child stays frozen: it only ever needs its own new objects collected."""
+    parent = os.getpid()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if os.getpid() == parent:
+            gc.unfreeze()
 
 
 def as_child() -> None:
@@ -59,7 +77,7 @@ class WindowWorker:
         milp.prepare_windows()  # inherited by the fork, not built again there
         context = multiprocessing.get_context("fork")
         self.conn, child = context.Pipe()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), frozen():
             warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
             self.process = context.Process(
                 target=_serve, args=(milp, child, self.conn), daemon=True
