@@ -169,7 +169,7 @@ class Solver:
         _output_overlap(self.chain, self.options)
         ilp_seconds = time.perf_counter() - started
         started = time.perf_counter()
-        self.baseline = self.evaluate(baseline_schedule(graph))
+        self.baseline = evaluate(graph, profile, baseline_schedule(graph))
         self.context_bytes = self._context_bytes()
         grads = sum(stage.param_grad_bytes for stage in self.chain.stages)
         self.fixed_bytes = graph.static_bytes() + grads  # no schedule can go below this
@@ -319,13 +319,6 @@ class Solver:
         return len(lowered)
 
     # -- answers -----------------------------------------------------------------------------
-
-    def evaluate(self, schedule: GraphSchedule) -> GraphSchedule:
-        """Fill in a schedule's predicted peak and time by compiling and simulating it."""
-        base = getattr(self, "baseline", None)
-        return evaluate(
-            self.graph, self.profile, schedule, base.predicted_seconds if base else None
-        )
 
     def schedule_of(self, windows: Windows) -> GraphSchedule:
         """The simulated schedule of a point of the space (useless recomputations dropped)."""
