@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -540,6 +541,48 @@ def test_refiner_stops_whole_model_runs_that_find_nothing(learn):
     assert milp.runs["rins"] == (1 if learn else 4)
     assert milp.runs["lp"] == 4
     assert milp.runs["window"] >= 4
+
+
+class _SlowStartMilp(_FruitlessMilp):
+    """A stand-in on which a whole-model run takes 0.4 s beyond its limit, as CBC does while
+    it solves the root LP and reads the MIP start before it looks at the clock."""
+
+    def run(self, time_limit, start=None, free=None, reach=None) -> MilpResult:
+        if free is None:
+            time.sleep(time_limit + 0.4)
+        return super().run(time_limit, start, free, reach)
+
+
+def test_a_whole_model_run_too_short_to_get_past_its_start_is_not_made():
+    # catches: sample:unet's least-peak search giving CBC 0.2 s on the whole model, which
+    # then took 3.6 s, found nothing, and left the search 3.4 s past its deadline
+    milp = _SlowStartMilp()
+    refiner = Refiner(milp, _recomputing)
+    refiner.fastest(100, _recomputing([["a"]]), 1.2)  # first run: 0.3 s, taking 0.7 s
+    assert refiner.startup["fastest"] >= 0.4
+    # the last run would get about 0.5 s: less than twice the start-up, so it is not made
+    assert milp.runs["whole"] == 1
+
+
+class _SlowLpMilp(_FruitlessMilp):
+    """A stand-in whose LP takes 0.25 s (so a whole-model run is expected to take 0.5 s
+    before it searches)."""
+
+    def relaxation(self, time_limit):
+        time.sleep(0.25)
+        return super().relaxation(time_limit)
+
+
+def test_the_lp_does_not_lead_a_search_whose_whole_model_run_could_not_start():
+    # catches: once whole-model runs were skipped as too short, the LP and RINS still led
+    # every budget (they lead only while whole-model runs pay off), and on sample:unet the
+    # LP alone took 2 s of each budget's 3.7 s, leaving the windows little
+    milp = _SlowLpMilp()
+    refiner = Refiner(milp, _recomputing)
+    refiner.leanest(_recomputing([["a"]]), 0.3)  # an LP: 0.25 s
+    rins = milp.runs["rins"]
+    refiner.fastest(100, _recomputing([["a"]]), 1.6)  # a first run would get 0.4 s
+    assert milp.runs["rins"] == rins
 
 
 def test_a_step_too_large_to_refine_its_budgets_still_lowers_its_least_peak(

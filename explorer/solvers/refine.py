@@ -24,7 +24,10 @@ so a budget without an LP of its own is labelled from the others' (gap 1.0, unkn
 reaches it, until a sweep spends the time it left on LPs at such budgets: Solver.bound_unknown).
 On a step too large for CBC on its whole model (seconds before it even starts: sample:gpt's
 CPU step took 11 s for a 5 s run) the refiner re-decides windows only: no LP bound, RINS or
-whole-model run, so nothing is proven and the gap stays unknown.
+whole-model run, so nothing is proven and the gap stays unknown. Nor is a whole-model run
+made when its limit would end before CBC is past its start (the root LP and the MIP start,
+which it finishes whatever its limit: sample:unet's least peak took 3.6 s for a 0.2 s run);
+where that is known before a search's LP, the LP and RINS step aside as after fruitless runs.
 A search for the fastest schedule at a least peak first drops what its start need not
 recompute (`_drop`): the least-peak search counts no time. With a second core, windows run two
 at a time, one in a forked worker (explorer.solvers.worker).
@@ -58,6 +61,12 @@ FIRST_SHARE = 0.25  # share of the time for CBC on the whole model first (proves
 RINS_SHARE = 0.25  # share of the time left for RINS (at most a second)
 WHOLE_SHARE = 0.25  # share of the time left after RINS kept for CBC on the whole model last
 FRUITLESS = 2  # whole-model runs in a row that found nothing, after which they are skipped
+# a whole-model run is tried only when its limit is at least this many times what such a run
+# took beyond its limit before: half of it searching
+STARTUP_SHARE = 2.0
+# before the first run, its start-up is taken as this many times the last LP's time (CBC's
+# root LP under the MIP took 2.0 s where the LP alone took 0.8 s, sample:unet's least peak)
+LP_STARTUP = 2.0
 DROP_SHARE = 0.5  # at most this share of a search that drops first goes to dropping
 
 
@@ -99,6 +108,10 @@ class Refiner:
         self.fruitless: Counter[str] = Counter()  # objective: whole-model runs in a row
         self.relaxations: list[Relaxation] = []  # LPs solved under budgets (their bounds)
         self.lp_seconds = 0.0  # what the last LP took
+        # objective: the most a whole-model run took beyond its limit. CBC solves the root LP
+        # and reads the MIP start before it checks the clock (sample:unet's least peak: 2.0 s
+        # and 0.7 s), so a run given less than that only overruns (see `_too_short`)
+        self.startup: dict[str, float] = {}
 
     def fastest(
         self, budget: int, start: GraphSchedule, seconds: float, drop: bool = False
@@ -184,6 +197,9 @@ class Refiner:
             self._drop(started + seconds * DROP_SHARE, take_better, lambda: windows)
         # the LP guides RINS and leads only where CBC on the whole model pays off; elsewhere
         # it comes after the windows, for its bound, if there is time (see _relax)
+        if self._worth(kind):
+            # known before its LP is paid for
+            self._too_short(kind, (deadline - time.perf_counter()) * FIRST_SHARE)
         guided = self._worth(kind)
         relaxed = self._relax(seconds) if guided else None
         bound = self._best_bound(relaxed)
@@ -194,9 +210,10 @@ class Refiner:
             below its simulated peak is refused by `take`, and its proof is then about
             nothing that was kept."""
             nonlocal bound
-            if limit < 0.1:
-                return proven(bound)
+            ran = time.perf_counter()
             outcome = milp.run(limit, windows)
+            overrun = time.perf_counter() - ran - limit
+            self.startup[kind] = max(self.startup.get(kind, 0.0), overrun)
             take(outcome.windows)
             if outcome.bound is not None:
                 bound = max(bound or 0.0, outcome.bound)
@@ -206,9 +223,12 @@ class Refiner:
             return deadline - time.perf_counter()
 
         def tried_whole(limit: float, anyway: bool = False) -> bool:
-            """CBC on the whole model if it has paid off here (or `anyway`); remember."""
+            """CBC on the whole model if it has paid off here (or `anyway`) and `limit` leaves
+            it time to search past its start (see `_too_short`); remember."""
             if not self.whole_runs or not (anyway or self._worth(kind)):
                 return False
+            if self._too_short(kind, limit):
+                return proven(bound)
             before = best
             proved = whole(limit)
             self.fruitless[kind] = 0 if proved or best is not before else self.fruitless[kind] + 1
@@ -258,6 +278,18 @@ class Refiner:
         if self.milp.budget is not None:
             bounds += [r.bound_at(self.milp.budget) for r in self.relaxations]
         return _largest(bounds)
+
+    def _too_short(self, kind: str, limit: float) -> bool:
+        """Whether a whole-model run for `kind` given `limit` would overrun it without
+        searching (see `startup`); such a run is as fruitless as FRUITLESS ones that found
+        nothing, so the LP and RINS step aside for the windows too (sample:unet: 2 s of each
+        budget's 3.7 s went to an LP before whole-model runs that could not start)."""
+        startup = self.startup.get(kind, LP_STARTUP * self.lp_seconds)
+        if limit >= max(0.1, STARTUP_SHARE * startup):
+            return False
+        if self.learn:
+            self.fruitless[kind] = max(self.fruitless[kind], FRUITLESS)
+        return True
 
     def _worth(self, kind: str) -> bool:
         """Whether CBC on the whole model is still worth its time for objective `kind`."""
