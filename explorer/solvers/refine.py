@@ -284,8 +284,9 @@ class Refiner:
         searching (see `startup`); such a run is as fruitless as FRUITLESS ones that found
         nothing, so the LP and RINS step aside for the windows too (sample:unet: 2 s of each
         budget's 3.7 s went to an LP before whole-model runs that could not start)."""
-        startup = self.startup.get(kind, LP_STARTUP * self.lp_seconds)
-        if limit >= max(0.1, STARTUP_SHARE * startup):
+        if limit < 0.1:
+            return True  # no time left: that says nothing about the model
+        if limit >= STARTUP_SHARE * self.startup.get(kind, LP_STARTUP * self.lp_seconds):
             return False
         if self.learn:
             self.fruitless[kind] = max(self.fruitless[kind], FRUITLESS)
