@@ -65,7 +65,8 @@ REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 # elsewhere. Where a second core is free, a second process writes the model while the setup runs
 # and searches two windows at a time (explorer.solvers.background). resnet50 b8 128 px on two
 # cores: 0.237 of the activations at +35.1% from the table; 0.213 at +20.3% to +20.9% after
-# 3 s and 3 s, the whole sweep in 9.8 to 10.6 s (8 s each in one process: +22.0%, 21.7 s)
+# 3 s and 3 s, the whole sweep in 8.8 to 12.1 s, as noisy as the machine (8 s each in one
+# process: +22.0%, 21.7 s)
 LARGE_LEAST_SECONDS = 3.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
 # so its sweep ends with LPs for the labels, this long at most beyond REFINE_TOTAL (see
