@@ -795,8 +795,8 @@ def test_a_fastest_search_first_drops_the_recomputations_it_can_do_without():
     # the costliest first; the move the budget refuses is not kept (a later budget would
     # start from it: gpt_2_layers' 0.643 ended at +9.5% where it ended at +4.6% without)
     assert kept == [["a", "b"], ["b"]]
-    kept = refiner.fastest(100, schedule([["a", "b", "c"]]), 1.0)  # a start found for time
-    assert kept.schedule.recomputed == ["a", "b", "c"]
+    searched = refiner.fastest(100, schedule([["a", "b", "c"]]), 1.0)  # a start found for time
+    assert searched.schedule.recomputed == ["a", "b", "c"]
 
 
 def test_the_solver_drops_first_only_at_its_least_peak(cnn, monkeypatch):
