@@ -69,10 +69,12 @@ REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 # process: +22.0%, 21.7 s)
 LARGE_LEAST_SECONDS = 3.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
-# so its sweep ends with LPs for the labels, this long at most beyond REFINE_TOTAL (see
-# Solver.bound_unknown; sample:gpt's CPU step: about 1 s an LP, its table's answers at 0.58 to
-# 0.89 of the activations 67% to 82% above their bounds)
-WINDOWED_LABEL_SECONDS = 4.0
+# nor does one whose whole-step runs stopped paying off (the LP then comes after the windows,
+# which take all of a budget's time on gpt_2_layers), so its sweep ends with LPs for the
+# labels, this long at most beyond REFINE_TOTAL (see Solver.bound_unknown; sample:gpt's CPU
+# step: about 1 s an LP, its table's answers at 0.58 to 0.89 of the activations 67% to 82%
+# above their bounds)
+LABEL_SECONDS = 4.0
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 STAGE_SECONDS = 5.0  # CBC time per stage ILP when no time limit is given (a rare hard one
 # took 50 s on resnet50; stopped early it is labelled with its gap, and the table still holds)
@@ -444,12 +446,12 @@ class Solver:
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
         """Spend the refinement time a sweep left unused on lower bounds at solved `budgets`
         that have none above zero (their search ran out of time before its LP): LP
-        relaxations at those budgets while time is left (a step refined with windows only
-        gets WINDOWED_LABEL_SECONDS at least), the highest budget first (its LP is the
-        quickest), the lowest next, then the middle of the widest stretch without one; then
-        each is labelled with the best bound the LPs carry to it (every LP bounds every
-        budget, the nearer the tighter). Returns the new bounds (recomputation seconds), also
-        saved in the cache."""
+        relaxations at those budgets while time is left (LABEL_SECONDS at least where the
+        budgets' searches solve no LP: windows only, or whole-step runs given up), the
+        highest budget first (its LP is the quickest), the lowest next, then the middle of
+        the widest stretch without one; then each is labelled with the best bound the LPs
+        carry to it (every LP bounds every budget, the nearer the tighter). Returns the new
+        bounds (recomputation seconds), also saved in the cache."""
         if not self.refines or self.refiner is None:
             return {}
         unknown = []
@@ -458,8 +460,8 @@ class Solver:
             if label is not None and not label[0] and (label[1] or 0.0) <= 0.0:
                 unknown.append(budget)  # solved, neither proven nor bounded
         left = self.refine_left
-        if not self.whole_runs:
-            left = max(left, WINDOWED_LABEL_SECONDS)
+        if not self.refiner.worth_whole_runs("fastest"):  # its searches solved no LP
+            left = max(left, LABEL_SECONDS)
         for budget in _spread(unknown):
             if left < max(self.refiner.lp_seconds, 1.0):
                 break

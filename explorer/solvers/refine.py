@@ -197,10 +197,10 @@ class Refiner:
             self._drop(started + seconds * DROP_SHARE, take_better, lambda: windows)
         # the LP guides RINS and leads only where CBC on the whole model pays off; elsewhere
         # it comes after the windows, for its bound, if there is time (see _relax)
-        if self._worth(kind):
+        if self.worth_whole_runs(kind):
             # known before its LP is paid for
             self._too_short(kind, (deadline - time.perf_counter()) * FIRST_SHARE)
-        guided = self._worth(kind)
+        guided = self.worth_whole_runs(kind)
         relaxed = self._relax(seconds) if guided else None
         bound = self._best_bound(relaxed)
 
@@ -225,7 +225,7 @@ class Refiner:
         def tried_whole(limit: float, anyway: bool = False) -> bool:
             """CBC on the whole model if it has paid off here (or `anyway`) and `limit` leaves
             it time to search past its start (see `_too_short`); remember."""
-            if not self.whole_runs or not (anyway or self._worth(kind)):
+            if not self.whole_runs or not (anyway or self.worth_whole_runs(kind)):
                 return False
             if self._too_short(kind, limit):
                 return proven(bound)
@@ -241,7 +241,7 @@ class Refiner:
             take(milp.run_guided(rins_seconds, windows, relaxed.values).windows)
             if proven(bound):
                 return Refined(best, True, bound)
-        whole_share = self.whole_share if self._worth(kind) else 0.0
+        whole_share = self.whole_share if self.worth_whole_runs(kind) else 0.0
         window_end = deadline - left() * whole_share
         lean = kind == "leanest"
         self._windows(window_end, take, lambda: windows, width, window_seconds, lean)
@@ -292,8 +292,9 @@ class Refiner:
             self.fruitless[kind] = max(self.fruitless[kind], FRUITLESS)
         return True
 
-    def _worth(self, kind: str) -> bool:
-        """Whether CBC on the whole model is still worth its time for objective `kind`."""
+    def worth_whole_runs(self, kind: str) -> bool:
+        """Whether CBC on the whole model is still worth its time for objective `kind`; a
+        search for it leads with the LP (its bound) only then."""
         return self.whole_runs and (not self.learn or self.fruitless[kind] < FRUITLESS)
 
     def _drop(self, until: float, take, current) -> None:
