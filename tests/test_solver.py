@@ -297,7 +297,7 @@ def test_a_sweep_spends_the_time_it_left_on_bounds_for_unknown_gaps(cnn, tmp_pat
 def test_a_sweep_whose_searches_solve_no_lp_labels_its_points_in_extra_time(
     cnn, monkeypatch, given_up
 ):
-    # catches: gpt_2_layers' sweep ending with 9 of its 13 points "gap unknown": its
+    # catches: gpt_2_layers' sweep ending with 8 of its 12 recomputing points "gap unknown": its
     # whole-step runs found nothing twice, so its searches solved no LP and their windows took
     # every second, none left for the labels. A step whose searches still lead with the LP
     # gets no such extra time (each of its budgets has its own bound)
