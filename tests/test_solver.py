@@ -919,8 +919,9 @@ def _point(peak: int) -> FrontPoint:
 
 def test_a_sweep_fills_the_widest_hole_first_middle_then_under_its_upper_end():
     # catches: holes of at most HOLE (10%) of the span asked about, the narrower of two holes
-    # first, or a budget inside a hole asked twice; the benchmark that checks holes with the
-    # exact solver asks what these return
+    # first, or a budget inside a hole asked when one asked before covers it (at or above it in
+    # that hole: gpt_2_layers asked one hole's middle three times); the benchmark that checks
+    # holes with the exact solver asks what these return
     front = [_point(p) for p in (0, 5, 20, 100)]  # gaps 5, 15, 80 of a span of 100
     holes = wide_holes(front, 100)
     assert [(lo.predicted_peak_bytes, hi.predicted_peak_bytes) for lo, hi in holes] == [
@@ -932,6 +933,9 @@ def test_a_sweep_fills_the_widest_hole_first_middle_then_under_its_upper_end():
     assert _hole_budget(front, 100, {60}) == 99
     assert _hole_budget(front, 100, {60, 99}) == 12
     assert _hole_budget(front, 100, {60, 99, 12, 19}) is None
+    assert _hole_budget(front, 100, {70}) == 99  # 70 found nothing up to it: 60 neither
+    assert _hole_budget(front, 100, {99}) == 12  # 99 covers its whole hole
+    assert _hole_budget(front, 100, {100, 4}) == 60  # neither inside the hole
     assert wide_holes(front, 200) == [(front[2], front[3])]  # 15 is not over 10% of 200
 
 
