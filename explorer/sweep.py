@@ -257,8 +257,8 @@ def _hole_budget(front: list[FrontPoint], span: int, tried: set[int]) -> int | N
     """A budget inside the widest hole that no budget asked before covers; None when no hole
     is wider than HOLE of the span. A budget asked inside a hole covers every budget under
     it there: its answer found nothing faster than the hole's lower end up to it (gpt_2_layers
-    asked the middle of one hole three times as new points lowered its upper end, and left a
-    narrower one unasked)."""
+    asked the middle of one hole three times as new points lowered its upper end: all six
+    of its extra budgets went there, where three now do)."""
     for lower, upper in wide_holes(front, span):
         lo, hi = lower.predicted_peak_bytes, upper.predicted_peak_bytes
         asked = [t for t in tried if lo <= t < hi]
