@@ -188,6 +188,9 @@ class Refiner:
         def proven(bound: float | None) -> bool:
             return bound is not None and value(best) <= bound * (1 + 1e-9) + 1e-12
 
+        def left() -> float:
+            return deadline - time.perf_counter()
+
         if drop:
 
             def take_better(found: Windows) -> None:
@@ -198,8 +201,9 @@ class Refiner:
         # the LP guides RINS and leads only where CBC on the whole model pays off; elsewhere
         # it comes after the windows, for its bound, if there is time (see _relax)
         if self.worth_whole_runs(kind):
-            # known before its LP is paid for
-            self._too_short(kind, (deadline - time.perf_counter()) * FIRST_SHARE)
+            # a first whole-model run that could not start counts as fruitless here, before
+            # its LP is paid for (the first run below gets this limit, or less)
+            self._too_short(kind, left() * FIRST_SHARE)
         guided = self.worth_whole_runs(kind)
         relaxed = self._relax(seconds) if guided else None
         bound = self._best_bound(relaxed)
@@ -218,9 +222,6 @@ class Refiner:
             if outcome.bound is not None:
                 bound = max(bound or 0.0, outcome.bound)
             return proven(bound)
-
-        def left() -> float:
-            return deadline - time.perf_counter()
 
         def tried_whole(limit: float, anyway: bool = False) -> bool:
             """CBC on the whole model if it has paid off here (or `anyway`) and `limit` leaves
