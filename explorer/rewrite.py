@@ -14,8 +14,8 @@ The scale is the one each device's kernel multiplies by: the CPU's is 1/(1 - p) 
 dtype; CUDA's fused kernel divides 1 by (1 - p) in x's accumulation type (float32 for float32,
 float16 and bfloat16) and multiplies in that type, which `mul` by a float32-exact scalar
 repeats. On CUDA only a dropout whose input is contiguous at the start of its storage is split:
-the kernel's launch depends on the input's alignment, and the mask is drawn again from a fresh
-(aligned) scratch tensor.
+the kernel's launch depends on the input's alignment, and the mask is drawn again by running
+the kernel on the input itself, kept or recomputed (so laid out the same).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def compact_dropout(joint: fx.GraphModule) -> int:
             continue
         if not all(isinstance(size, int) for size in x_val.shape):
             continue  # a symbolic shape: the mask's shape would have to be read from x
-        drawn = _mask_draw(x_val, p)
+        drawn = _mask_draw(x, x_val, p)
         if drawn is None:
             continue
         _split(graph, node, x, x_val, drawn)
@@ -58,9 +58,10 @@ def compact_dropout(joint: fx.GraphModule) -> int:
     return split
 
 
-def _mask_draw(x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
+def _mask_draw(x: fx.Node, x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
     """The mask operator's (target, arguments after the state) and the output's scale for a
-    dropout of `x_val` on its device, or None where its mask cannot be drawn again."""
+    dropout of `x` (its value `x_val`) on its device, or None where its mask cannot be drawn
+    again."""
     shape, keep = list(x_val.shape), 1.0 - p
     if x_val.device.type == "cpu":
         scale = 0.0 if keep == 0 else float(torch.tensor(1.0 / keep, dtype=x_val.dtype))
@@ -74,7 +75,7 @@ def _mask_draw(x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
         scale = 1.0 / keep
     else:
         return None
-    return (CUDA_DROPOUT_MASK, (shape, p, x_val.dtype, x_val.device)), scale
+    return (CUDA_DROPOUT_MASK, (x, p)), scale
 
 
 def _split(

@@ -13,12 +13,15 @@ Two operators let the plan keep that instead:
   leaves the generator where `native_dropout` leaves it:
   - on the CPU, `bernoulli_mask(state, shape, p)`: `native_dropout` draws its mask with
     `bernoulli_`, so the mask is drawn alone;
-  - on CUDA, `cuda_dropout_mask(state, shape, p, dtype, device)`: `native_dropout`'s fused
-    kernel draws the mask while it writes the output, and which random number lands on which
-    element depends on the kernel's launch (the tensor's size, dtype and alignment). The only
-    way to draw the same mask is to run that kernel again, on a scratch tensor of the same
-    size, dtype and (fresh, so fully aligned) layout; the scratch and its output are freed on
-    return, and the profile counts them as the operator's workspace.
+  - on CUDA, `cuda_dropout_mask(state, x, p)`: `native_dropout`'s fused kernel draws the
+    mask while it writes the output, and which random number lands on which element depends
+    on the kernel's launch (the tensor's size, dtype and alignment), never on x's values. The
+    only way to draw the same mask is to run that kernel again on a tensor laid out as x:
+    x itself (kept, or recomputed into fresh memory laid out the same). Its float output is
+    freed on return, and the profile counts it as the operator's workspace: 4 bytes an
+    element in float32, where drawing on a fresh scratch tensor took 8. The price: a mask
+    drawn again needs x too, which a softmax's backward reads anyway but a residual
+    dropout's does not.
 
 A recomputation of the mask runs its `replayed_*` twin instead (`replay_in_place`): the same
 draw from the saved state, after which the generator is put back where it was, so the mask
@@ -78,34 +81,27 @@ def _mask_fake(state: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
 
 
 @torch.library.custom_op("remat_explorer::cuda_dropout_mask", mutates_args=())
-def cuda_dropout_mask(
-    state: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """The bool mask `native_dropout(x, p)` draws for a contiguous, aligned `x` of this shape
-    and dtype on this CUDA device, with the device's generator set to `state`."""
-    torch.cuda.set_rng_state(state, device)
-    scratch = torch.empty(shape, dtype=dtype, device=device)
-    return torch.native_dropout(scratch, p, True)[1]
+def cuda_dropout_mask(state: torch.Tensor, x: torch.Tensor, p: float) -> torch.Tensor:
+    """The bool mask `native_dropout(x, p)` draws for `x` (contiguous, at the start of its
+    storage) with x's CUDA generator set to `state`."""
+    torch.cuda.set_rng_state(state, x.device)
+    return torch.native_dropout(x, p, True)[1]
 
 
 @torch.library.custom_op("remat_explorer::replayed_cuda_dropout_mask", mutates_args=())
-def replayed_cuda_dropout_mask(
-    state: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
+def replayed_cuda_dropout_mask(state: torch.Tensor, x: torch.Tensor, p: float) -> torch.Tensor:
     """`cuda_dropout_mask`, then the device's generator is put back as it was before the call."""
-    current = torch.cuda.get_rng_state(device)
+    current = torch.cuda.get_rng_state(x.device)
     try:
-        return cuda_dropout_mask(state, shape, p, dtype, device)
+        return cuda_dropout_mask(state, x, p)
     finally:
-        torch.cuda.set_rng_state(current, device)
+        torch.cuda.set_rng_state(current, x.device)
 
 
 @cuda_dropout_mask.register_fake
 @replayed_cuda_dropout_mask.register_fake
-def _cuda_mask_fake(
-    state: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    return torch.empty(shape, dtype=torch.bool, device=device)
+def _cuda_mask_fake(state: torch.Tensor, x: torch.Tensor, p: float) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=torch.bool, device=x.device)
 
 
 BERNOULLI_MASK = torch.ops.remat_explorer.bernoulli_mask.default

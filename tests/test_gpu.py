@@ -43,8 +43,11 @@ def test_measured_peak_equals_prediction_and_fits_budget(plan, tmp_path):
         assert peak.measured <= point.budget_bytes, report.format_table()
         # bytes requested of the allocator: the planner's quantity, to the byte
         assert peak.measured == peak.predicted, report.format_table()
+        # what the allocator handed out: each request rounded up to 512 bytes, and a large
+        # one given a whole cached block when less than 1 MiB of it would be left over. That
+        # is not predicted; read 1.2% to 5.1% above the requested peak on an H100 and an H200
         allocated = report.measurements["CUDA allocated peak (bytes)"]
-        assert peak.measured <= allocated <= 1.05 * peak.measured, report.format_table()
+        assert peak.measured <= allocated <= 1.10 * peak.measured, report.format_table()
 
 
 def test_dropout_on_cuda_is_bitwise_with_its_masks_recomputed(tmp_path):
