@@ -71,9 +71,11 @@ LARGE_LEAST_SECONDS = 3.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
 # nor does one whose whole-step runs stopped paying off (the LP then comes after the windows,
 # which take all of a budget's time on gpt_2_layers), so its sweep ends with LPs for the
-# labels, this long at most beyond REFINE_TOTAL (see Solver.bound_unknown; sample:gpt's CPU
-# step: about 1 s an LP, its table's answers at 0.58 to 0.89 of the activations 67% to 82%
-# above their bounds)
+# labels, this long at most beyond REFINE_TOTAL (see Solver.bound_unknown). Enough for
+# gpt_2_layers' LPs (0.4 s each), not for sample:gpt's (3629 binaries: 7 to 10 s for its CPU
+# profile, 10 to 13 s for its H200 profile, both solved on two CPU cores), which get one only
+# from the time the sweep left: 9 s with the CPU profile, one LP labelling 12 of 13 points;
+# too little with the H200 profile, so none
 LABEL_SECONDS = 4.0
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 STAGE_SECONDS = 5.0  # CBC time per stage ILP when no time limit is given (a rare hard one
