@@ -62,10 +62,10 @@ def _mask_draw(x: fx.Node, x_val: torch.Tensor, p: float) -> tuple[tuple, float]
     """The mask operator's (target, arguments after the state) and the output's scale for a
     dropout of `x` (its value `x_val`) on its device, or None where its mask cannot be drawn
     again."""
-    shape, keep = list(x_val.shape), 1.0 - p
+    keep = 1.0 - p
     if x_val.device.type == "cpu":
         scale = 0.0 if keep == 0 else float(torch.tensor(1.0 / keep, dtype=x_val.dtype))
-        return (BERNOULLI_MASK, (shape, keep)), scale
+        return (BERNOULLI_MASK, (list(x_val.shape), keep)), scale
     if x_val.device.type != "cuda" or not 0.0 < p < 1.0 or x_val.storage_offset() != 0:
         return None  # p 0 or 1 takes other kernels; an offset start may change the launch
     if x_val.dtype in _CUDA_FLOATS:
