@@ -35,7 +35,7 @@ from explorer.solvers.answers import Answers, relative_gap
 from explorer.solvers.background import BackgroundSearch, search_least_peak
 from explorer.solvers.cache import SolverCache, digest
 from explorer.solvers.milp import StepMilp
-from explorer.solvers.refine import Refiner
+from explorer.solvers.refine import FASTEST, WHOLE_SHARE, Refiner
 from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
 from explorer.stage_ilp import (
     StageOption,
@@ -330,23 +330,17 @@ class Solver:
         base = self.baseline.predicted_seconds
         return _simulated(self.graph, self.profile, self.space, self.fingerprint, windows, base)
 
-    def _searched(self, windows: Windows) -> GraphSchedule:
-        """`schedule_of` for the refiner: every schedule a search simulates is kept among the
-        answers, whether or not it beats that search's best, since it may be the best known
-        at another peak (the least-peak search's way down: resnet50 b8 128 px reached its
-        least peak at +30% and ended at +37% after moves that only lower what the forward
-        saves; the fastest schedule at that peak was searched from +37%)."""
-        schedule = self.schedule_of(windows)
-        self.answers.add(schedule)
-        return schedule
-
     def known(self) -> list[GraphSchedule]:
         """Every verified Pareto-optimal schedule found so far (ascending peak)."""
         return [self._copy(s) for s in self.answers.points]
 
+    def lowest(self) -> GraphSchedule:
+        """The schedule with the least simulated peak found so far (a budget's search may
+        pass below the minimum's)."""
+        return self._copy(self.answers.lowest())
+
     def lowest_known(self) -> int:
-        """The least simulated peak of a schedule found so far (a budget's search may pass
-        below the minimum's)."""
+        """The least simulated peak of a schedule found so far."""
         return self.answers.lowest().predicted_peak_bytes
 
     def minimum(self) -> GraphSchedule:
@@ -462,7 +456,7 @@ class Solver:
             if label is not None and not label[0] and (label[1] or 0.0) <= 0.0:
                 unknown.append(budget)  # solved, neither proven nor bounded
         left = self.refine_left
-        if not self.refiner.worth_whole_runs("fastest"):  # its searches solved no LP
+        if not self.refiner.worth_whole_runs(FASTEST):  # its searches solved no LP
             left = max(left, LABEL_SECONDS)
         for budget in _spread(unknown):
             if left < max(self.refiner.lp_seconds, 1.0):
@@ -520,25 +514,24 @@ class Solver:
         return "feasible", relative_gap(redo, label[1])
 
     def _refiner(self) -> Refiner:
-        """One refiner for all budgets: it learns whether whole-model runs pay off here."""
+        """One refiner for all budgets: it learns whether whole-model runs pay off here (but
+        for a solver that chose its share, the exact one, which keeps every run). It keeps
+        every schedule it simulates among the answers, whether or not it beats its search's
+        best, since it may be the best known at another peak (the least-peak search's way
+        down: resnet50 b8 128 px reached its least peak at +30% and ended at +37% after moves
+        that only lower what the forward saves; the fastest schedule at that peak was
+        searched from +37%)."""
         if self.refiner is None:
-            if self.whole_share is None:
-                self.refiner = Refiner(
-                    self.milp,
-                    self._searched,
-                    whole_runs=self.whole_runs,
-                    parallel=True,
-                    simulate=self.schedule_of,
-                )
-            else:  # a solver that chose its share (exact) keeps every run
-                self.refiner = Refiner(
-                    self.milp,
-                    self._searched,
-                    self.whole_share,
-                    learn=False,
-                    parallel=True,
-                    simulate=self.schedule_of,
-                )
+            chosen = self.whole_share is not None
+            self.refiner = Refiner(
+                self.milp,
+                self.schedule_of,
+                self.answers.add,
+                whole_share=self.whole_share if chosen else WHOLE_SHARE,
+                learn=not chosen,
+                whole_runs=self.whole_runs,
+                parallel=True,
+            )
         return self.refiner
 
     @staticmethod

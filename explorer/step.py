@@ -177,7 +177,7 @@ class StepSolver:
         lowest answer (a budget's search may pass below the minimum); several graphs share
         each budget out anew, so there the minimum's."""
         if len(self.solvers) == 1:
-            return self.combine([self.solvers[0].known()[0]]).predicted_peak_bytes
+            return self.combine([self.solvers[0].lowest()]).predicted_peak_bytes
         return self.minimum().predicted_peak_bytes
 
     def solve(self, budget_bytes: int) -> Schedule:

@@ -46,8 +46,8 @@ POLL_SECONDS = 0.2  # how often the parent looks at its cancel token while it wa
 
 def search_least_peak(refiner: Refiner, answers: Answers, seconds: float) -> None:
     """Lower the least peak of `answers` with windows, then search the fastest schedule at
-    the new least peak, `seconds` each. The refiner's evaluate should add every schedule it
-    simulates to `answers`: one on the way down may be the best at another peak."""
+    the new least peak, `seconds` each. The refiner should keep every schedule it takes in
+    `answers`: one on the way down may be the best at another peak."""
     answers.add(refiner.leanest(answers.lowest(), seconds).schedule)
     lowest = answers.lowest()
     budget = lowest.predicted_peak_bytes
@@ -165,12 +165,7 @@ def _serve(milp: StepMilp, simulate: Simulate, conn: Connection) -> None:
     def simulated(windows: Windows) -> GraphSchedule:
         return simulate(windows, baseline.predicted_seconds)
 
-    def searched(windows: Windows) -> GraphSchedule:
-        schedule = simulated(windows)
-        answers.add(schedule)
-        return schedule
-
-    refiner = Refiner(milp, searched, whole_runs=False, parallel=True, simulate=simulated)
+    refiner = Refiner(milp, simulated, answers.add, whole_runs=False, parallel=True)
     search_least_peak(refiner, answers, float(asked["seconds"]))
     reply = {
         "known": [s.to_dict() for s in answers.points],

@@ -68,6 +68,7 @@ STARTUP_SHARE = 2.0
 # root LP under the MIP took 2.0 s where the LP alone took 0.8 s, sample:unet's least peak)
 LP_STARTUP = 2.0
 DROP_SHARE = 0.5  # at most this share of a search that drops first goes to dropping
+FASTEST, LEANEST = "fastest", "leanest"  # the two objectives a refiner searches, as it learns
 
 
 @dataclass
@@ -87,19 +88,20 @@ class Refiner:
     def __init__(
         self,
         milp: StepMilp,
-        evaluate: Callable[[Windows], GraphSchedule],
+        simulate: Callable[[Windows], GraphSchedule],
+        keep: Callable[[GraphSchedule], object] | None = None,
         whole_share: float = WHOLE_SHARE,
         learn: bool = True,
         whole_runs: bool = True,
         parallel: bool = False,
-        simulate: Callable[[Windows], GraphSchedule] | None = None,
     ) -> None:
         self.milp = milp
-        self.evaluate = evaluate
-        # `evaluate` without keeping the schedule among the solver's answers: the drop pass's
-        # refused moves are not kept (a mid budget would start from them: gpt_2_layers' 0.643
-        # ended at +9.5% where it ended at +4.6% without them)
-        self.simulate = simulate or evaluate
+        self.simulate = simulate  # the schedule some windows lower to, simulated
+        # what the search does with each schedule it takes (the solver keeps them all among
+        # its answers: one may be the best known at another peak). The drop pass's refused
+        # moves are not taken (a mid budget would start from them: gpt_2_layers' 0.643 ended
+        # at +9.5% where it ended at +4.6% without them)
+        self.keep = keep or (lambda schedule: None)
         self.windows_of = milp.space.windows_of
         self.whole_share = whole_share
         self.learn = learn
@@ -133,7 +135,7 @@ class Refiner:
 
         objective = lambda: self.milp.use_budget(budget)  # noqa: E731
         return self._search(
-            "fastest", start, seconds, objective, better, value, WINDOW, WINDOW_SECONDS, drop
+            FASTEST, start, seconds, objective, better, value, WINDOW, WINDOW_SECONDS, drop
         )
 
     def leanest(self, start: GraphSchedule, seconds: float) -> Refined:
@@ -155,7 +157,7 @@ class Refiner:
 
         objective = self.milp.use_least_peak
         return self._search(
-            "leanest", start, seconds, objective, better, value, LEAN_WINDOW, LEAN_WINDOW_SECONDS
+            LEANEST, start, seconds, objective, better, value, LEAN_WINDOW, LEAN_WINDOW_SECONDS
         )
 
     def _search(
@@ -178,12 +180,15 @@ class Refiner:
         # autograd's own order is outside the space: start from no recomputation in ours
         windows = self.windows_of(start) or milp.space.empty()
 
-        def take(found: Windows | None) -> None:
+        def consider(candidate: GraphSchedule) -> None:
             nonlocal best, windows
+            self.keep(candidate)
+            if better(candidate, best):
+                best, windows = candidate, self.windows_of(candidate)
+
+        def take(found: Windows | None) -> None:
             if found is not None:
-                candidate = self.evaluate(found)
-                if better(candidate, best):
-                    best, windows = candidate, self.windows_of(candidate)
+                consider(self.simulate(found))
 
         def proven(bound: float | None) -> bool:
             return bound is not None and value(best) <= bound * (1 + 1e-9) + 1e-12
@@ -194,16 +199,16 @@ class Refiner:
         if drop:
 
             def take_better(found: Windows) -> None:
-                if better(self.simulate(found), best):
-                    take(found)
+                candidate = self.simulate(found)
+                if better(candidate, best):
+                    consider(candidate)
 
             self._drop(started + seconds * DROP_SHARE, take_better, lambda: windows)
         # the LP guides RINS and leads only where CBC on the whole model pays off; elsewhere
         # it comes after the windows, for its bound, if there is time (see _relax)
-        if self.worth_whole_runs(kind):
-            # a first whole-model run that could not start counts as fruitless here, before
-            # its LP is paid for (the first run below gets this limit, or less)
-            self._too_short(kind, left() * FIRST_SHARE)
+        # a first whole-model run that could not start counts as fruitless here, before its
+        # LP is paid for (the first run below gets this limit, or less)
+        self._learn_too_short(kind, left() * FIRST_SHARE)
         guided = self.worth_whole_runs(kind)
         relaxed = self._relax(seconds) if guided else None
         bound = self._best_bound(relaxed)
@@ -229,6 +234,7 @@ class Refiner:
             if not self.whole_runs or not (anyway or self.worth_whole_runs(kind)):
                 return False
             if self._too_short(kind, limit):
+                self._learn_too_short(kind, limit)
                 return proven(bound)
             before = best
             proved = whole(limit)
@@ -244,7 +250,7 @@ class Refiner:
                 return Refined(best, True, bound)
         whole_share = self.whole_share if self.worth_whole_runs(kind) else 0.0
         window_end = deadline - left() * whole_share
-        lean = kind == "leanest"
+        lean = kind == LEANEST
         self._windows(window_end, take, lambda: windows, width, window_seconds, lean)
         if self.whole_runs and not guided and left() >= self.lp_seconds:
             bound = _largest(
@@ -282,16 +288,18 @@ class Refiner:
 
     def _too_short(self, kind: str, limit: float) -> bool:
         """Whether a whole-model run for `kind` given `limit` would overrun it without
-        searching (see `startup`); such a run is as fruitless as FRUITLESS ones that found
-        nothing, so the LP and RINS step aside for the windows too (sample:unet: 2 s of each
-        budget's 3.7 s went to an LP before whole-model runs that could not start)."""
-        if limit < 0.1:
-            return True  # no time left: that says nothing about the model
-        if limit >= STARTUP_SHARE * self.startup.get(kind, LP_STARTUP * self.lp_seconds):
-            return False
-        if self.learn:
+        searching (see `startup`)."""
+        return limit < max(
+            0.1, STARTUP_SHARE * self.startup.get(kind, LP_STARTUP * self.lp_seconds)
+        )
+
+    def _learn_too_short(self, kind: str, limit: float) -> None:
+        """Count a whole-model run that `limit` leaves too short to search as FRUITLESS ones
+        that found nothing, so that the LP and RINS step aside for the windows too
+        (sample:unet: 2 s of each budget's 3.7 s went to an LP before whole-model runs that
+        could not start). Under 0.1 s no time is left, which says nothing about the model."""
+        if self.learn and limit >= 0.1 and self._too_short(kind, limit):
             self.fruitless[kind] = max(self.fruitless[kind], FRUITLESS)
-        return True
 
     def worth_whole_runs(self, kind: str) -> bool:
         """Whether CBC on the whole model is still worth its time for objective `kind`; a
