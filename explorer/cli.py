@@ -203,11 +203,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for point in bounded:
             row(point)
     front.save(out / "front.json")
+    count = len(front.points)
     print(
-        f"front: {len(front.points)} Pareto points; no recomputation "
+        f"front: {count} Pareto point{'s' if count != 1 else ''}; no recomputation "
         f"{format_bytes(front.baseline_peak_bytes)}; "
         f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}"
     )
+    if front.points and front.points[0].predicted_peak_bytes >= front.baseline_peak_bytes:
+        print("no schedule found has a lower peak than no recomputation")
     return 0
 
 

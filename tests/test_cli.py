@@ -528,3 +528,16 @@ def test_budget_forms(text, expected):
 def test_budget_refusals(text, expected):
     with pytest.raises(UserError, match=expected):
         parse_budget(text, baseline_bytes=1000, fixed_bytes=200)
+
+
+def test_a_front_of_one_point_is_said_so(capsys, tmp_path):
+    # catches: a step no schedule can lower (a one-sample MLP: the peak is its parameters
+    # and their gradients) printed as the same row once per asked point, under "1 Pareto
+    # points", and with no word on why the front stops there
+    args = ["sweep", "--model", "sample:tiny_mlp", "--batch-size", "1", "--points", "4"]
+    assert main([*args, "--solver", "table", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.rstrip().endswith("optimal")]
+    assert len(rows) == 1
+    assert "front: 1 Pareto point;" in out
+    assert "no schedule found has a lower peak than no recomputation" in out

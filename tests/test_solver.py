@@ -375,6 +375,16 @@ class _GrowingStaircase:
         return {}
 
 
+def test_a_step_whose_least_peak_is_its_no_recompute_peak_is_swept_once():
+    # catches: a sweep asking the same budget `points` times when the least peak is the
+    # no-recompute peak (a ViT at 32 px: six equal rows in the command line's table)
+    asked: list[int] = []
+    front = sweep_budgets(
+        _GrowingStaircase([1000]), 6, on_point=lambda p: asked.append(p.budget_bytes)
+    )
+    assert asked == [1000] and [p.predicted_peak_bytes for p in front] == [1000]
+
+
 def test_a_sweep_asks_a_lower_peak_found_after_its_minimum():
     # catches: a least peak found by a later budget's search left without a search of its
     # own, and a second sweep that finds it unanswered (sample:unet's second sweep searched
