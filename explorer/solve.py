@@ -516,11 +516,11 @@ class Solver:
     def _refiner(self) -> Refiner:
         """One refiner for all budgets: it learns whether whole-model runs pay off here (but
         for a solver that chose its share, the exact one, which keeps every run). It keeps
-        every schedule it simulates among the answers, whether or not it beats its search's
-        best, since it may be the best known at another peak (the least-peak search's way
-        down: resnet50 b8 128 px reached its least peak at +30% and ended at +37% after moves
-        that only lower what the forward saves; the fastest schedule at that peak was
-        searched from +37%)."""
+        every schedule a search takes among the answers (all it simulates but the drop pass's
+        refused moves), whether or not it beats that search's best, since it may be the best
+        known at another peak (the least-peak search's way down: resnet50 b8 128 px reached
+        its least peak at +30% and ended at +37% after moves that only lower what the forward
+        saves; the fastest schedule at that peak was searched from +37%)."""
         if self.refiner is None:
             chosen = self.whole_share is not None
             self.refiner = Refiner(

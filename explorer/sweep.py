@@ -184,8 +184,8 @@ def sweep_budgets(
     report(progress, 0, total, "searching the least peak")  # may take seconds
     low = solver.minimum().predicted_peak_bytes
     high = solver.baseline.predicted_peak_bytes
-    # each distinct budget once: a step whose least peak is its no-recompute peak (a small
-    # ViT's, reached when every activation is freed) has a front of one point
+    # each distinct budget once: a step whose least peak is its no-recompute peak (vit_b_16
+    # at 32 px: its peak comes when every activation is freed) has a front of one point
     budgets = sorted({int(low + (high - low) * k / (points - 1)) for k in range(points)})
     total = len(budgets) + (points // 2 if high > low else 0)
     solved: list[FrontPoint] = []
