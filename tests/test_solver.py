@@ -35,6 +35,7 @@ from explorer.solvers.refine import (
 )
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
+from explorer.step import StepSolver
 from explorer.sweep import FrontPoint, _hole_budget, hole_budgets, sweep_budgets, wide_holes
 
 
@@ -998,8 +999,6 @@ def test_every_schedule_a_search_simulates_is_kept_among_the_answers(monkeypatch
 def test_a_step_of_one_graph_knows_a_peak_its_searches_found_below_the_minimum():
     # catches: StepSolver.lowest_known answering the minimum's peak for a single graph, so
     # that a sweep never asks for a lower peak a budget's search passed on its way
-    from explorer.step import StepSolver
-
     for seed in range(20):
         graph, profile = random_step(random.Random(seed), 4)
         solver = make_solver("table", graph, profile)

@@ -204,11 +204,11 @@ class Refiner:
                     consider(candidate)
 
             self._drop(started + seconds * DROP_SHARE, take_better, lambda: windows)
-        # the LP guides RINS and leads only where CBC on the whole model pays off; elsewhere
-        # it comes after the windows, for its bound, if there is time (see _relax)
         # a first whole-model run that could not start counts as fruitless here, before its
         # LP is paid for (the first run below gets this limit, or less)
         self._learn_too_short(kind, left() * FIRST_SHARE)
+        # the LP guides RINS and leads only where CBC on the whole model pays off; elsewhere
+        # it comes after the windows, for its bound, if there is time (see _relax)
         guided = self.worth_whole_runs(kind)
         relaxed = self._relax(seconds) if guided else None
         bound = self._best_bound(relaxed)
