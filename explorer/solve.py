@@ -22,7 +22,6 @@ from functools import partial
 from pathlib import Path
 
 from explorer.chain import Chain, Stage, build_chain
-from explorer.errors import UserError
 from explorer.graph import BACKWARD, Graph, ValueRef
 from explorer.profile import Profile
 from explorer.program import baseline_schedule, check_program, compile_program
@@ -44,7 +43,7 @@ from explorer.stage_ilp import (
     keep_all_option,
     solve_option,
 )
-from explorer.units import format_bytes
+from explorer.units import below_minimum
 
 KEEP_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8)
 TABLE_UNITS = 600
@@ -414,9 +413,12 @@ class Solver:
             start = self.answers.best_within(budget)
         if start is None:
             lowest = self.answers.lowest().predicted_peak_bytes
-            raise UserError(
-                f"budget {format_bytes(budget)} is below the feasible minimum "
-                f"{format_bytes(lowest)} ({lowest} bytes)"
+            raise below_minimum(
+                budget,
+                lowest,
+                "the feasible minimum",
+                self.baseline.predicted_peak_bytes,
+                self.fixed_bytes,
             )
         label = self.cache.label(str(budget))
         if start.predicted_seconds <= self.baseline.predicted_seconds:

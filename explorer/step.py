@@ -20,12 +20,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from explorer.errors import UserError
 from explorer.graph import Graph
 from explorer.program import Handoff, compile_program
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import Timeline, simulate
-from explorer.units import format_bytes
+from explorer.units import below_minimum
 
 BISECTIONS = 16  # shares tried when several graphs split a budget
 
@@ -216,10 +215,12 @@ class StepSolver:
         """Several graphs: the largest common share of each graph's range that fits."""
         lowest = self.minimum()
         if lowest.predicted_peak_bytes > budget:
-            raise UserError(
-                f"budget {format_bytes(budget)} is below the feasible minimum "
-                f"{format_bytes(lowest.predicted_peak_bytes)} "
-                f"({lowest.predicted_peak_bytes} bytes)"
+            raise below_minimum(
+                budget,
+                lowest.predicted_peak_bytes,
+                "the feasible minimum",
+                self.baseline.predicted_peak_bytes,
+                self.fixed_bytes,
             )
         best, lo, hi = lowest, 0.0, 1.0
         for _ in range(BISECTIONS):

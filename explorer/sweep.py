@@ -17,7 +17,7 @@ from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
 from explorer.solve import Solver
 from explorer.solvers.answers import relative_gap
-from explorer.units import format_bytes, parse_budget
+from explorer.units import below_minimum, format_bytes, parse_budget
 
 SCHEMA = 2
 
@@ -81,9 +81,8 @@ class Front:
         fitting = [p for p in self.points if p.predicted_peak_bytes <= limit]
         if not fitting:
             lowest = min(p.predicted_peak_bytes for p in self.points)
-            raise UserError(
-                f"budget {format_bytes(limit)} is below the front's minimum "
-                f"{format_bytes(lowest)} ({lowest} bytes)"
+            raise below_minimum(
+                limit, lowest, "the front's minimum", self.baseline_peak_bytes, self.fixed_bytes
             )
         best = min(fitting, key=lambda p: (p.predicted_overhead, p.predicted_peak_bytes))
         chosen = best.schedule.copy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from explorer.errors import UserError
@@ -65,6 +66,32 @@ def _fraction(value: float, baseline_bytes: int, fixed_bytes: int) -> int:
             f"budget fraction {value} must be in (0, 1]; a size needs a unit, e.g. {value}GB"
         )
     return int(fixed_bytes + value * max(baseline_bytes - fixed_bytes, 0))
+
+
+def least_fraction(lowest_bytes: int, baseline_bytes: int, fixed_bytes: int) -> float:
+    """The least budget fraction, in thousandths, that `parse_budget` reads as at least
+    `lowest_bytes` (rounded up: a fraction printed rounded to nearest can still be refused)."""
+    span = max(baseline_bytes - fixed_bytes, 1)
+    thousandths = max(math.ceil((lowest_bytes - fixed_bytes) / span * 1000), 1)
+    while thousandths < 1000 and _fraction(thousandths / 1000, baseline_bytes, fixed_bytes) < (
+        lowest_bytes
+    ):
+        thousandths += 1
+    return min(thousandths, 1000) / 1000
+
+
+def below_minimum(
+    budget: int, lowest: int, where: str, baseline_bytes: int, fixed_bytes: int
+) -> UserError:
+    """The error for a budget under the least peak known: both in bytes (to a tenth of a MiB
+    they can read the same: googlenet at batch 2, 64 px, asked for 0.5 of its activations,
+    read "100.9 MiB is below the front's minimum 100.9 MiB"), and the least fraction that
+    fits, since fractions are what people type."""
+    fraction = least_fraction(lowest, baseline_bytes, fixed_bytes)
+    return UserError(
+        f"budget {format_bytes(budget)} ({budget} bytes) is below {where} "
+        f"{format_bytes(lowest)} ({lowest} bytes; as a fraction, {fraction:.3f} or more)"
+    )
 
 
 def _positive(value: int, raw: object) -> int:

@@ -18,7 +18,7 @@ import pytest
 
 from explorer.cli import main
 from explorer.errors import UserError
-from explorer.units import parse_budget
+from explorer.units import least_fraction, parse_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -508,6 +508,39 @@ def test_a_bare_whole_number_budget_is_ambiguous(capsys, tiny, tmp_path):
     assert_refused(capsys, export_args(tiny, target, budget="1"), "ambiguous", "1B", "1.0")
     assert not target.exists()
     assert run(capsys, *export_args(tiny, target, budget="1.0"))[0] == 0
+
+
+def test_a_budget_under_the_minimum_names_the_least_fraction_that_fits(capsys, tiny, tmp_path):
+    # googlenet at batch 2, 64 px: 0.5 was refused as "100.9 MiB is below the front's minimum
+    # 100.9 MiB", with no way to tell what to ask instead. catches: the budget's bytes or the
+    # least fraction missing, or that fraction rounded to nearest (then refused itself)
+    points = json.loads(tiny.read_text())["points"]
+    lowest = min(p["predicted_peak_bytes"] for p in points)
+    target = tmp_path / "low.py"
+    code, err = run(capsys, *export_args(tiny, target, budget=f"{lowest - 1}B"))
+    assert code == 2 and f"({lowest - 1} bytes)" in err[0] and f"({lowest} bytes;" in err[0]
+    fraction = err[0].split("as a fraction, ")[1].split(" or more")[0]
+    below = f"{float(fraction) - 0.001:.3f}"
+    assert_refused(capsys, export_args(tiny, target, budget=below), f"{fraction} or more")
+    assert not target.exists()
+    assert run(capsys, *export_args(tiny, target, budget=fraction))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("baseline", "fixed", "lowest", "expected"),
+    [(1000, 200, 600, 0.5), (1000, 200, 601, 0.502), (1000, 200, 599, 0.499),
+     (1000, 200, 1000, 1.0), (1000, 200, 100, 0.001), (10**9 + 7, 3, 333_333_337, 0.334)],
+)  # fmt: skip
+def test_least_fraction_is_the_least_that_parse_budget_reads_as_enough(
+    baseline, fixed, lowest, expected
+):
+    # 601 of 1000 (200 fixed): 0.501 reads as 600 bytes, so 0.502 is the least that fits
+    # catches: rounding the fraction to nearest, or off by a thousandth upwards
+    fraction = least_fraction(lowest, baseline, fixed)
+    assert fraction == expected
+    assert parse_budget(f"{fraction:.3f}", baseline, fixed) >= lowest
+    if fraction > 0.001:
+        assert parse_budget(f"{fraction - 0.001:.3f}", baseline, fixed) < lowest
 
 
 @pytest.mark.parametrize(
