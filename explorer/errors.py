@@ -5,6 +5,10 @@ class UserError(Exception):
     """Bad input from a user: the message is one line that says what is wrong and what to do."""
 
 
+class BelowMinimum(UserError):
+    """A budget under the least peak known (explorer.units.below_minimum words it)."""
+
+
 class Cancelled(Exception):
     """Long work stopped because its CancelToken was set."""
 

@@ -192,12 +192,13 @@ class Planner:
         return self.solver_cache.with_name(f"{self.solver_cache.stem}_g{k + 1}.json")
 
     def _static_bytes(self) -> int:
-        """Parameters, buffers, constants and the user's inputs, each storage once."""
-        graphs = self.capture()
-        if len(graphs) == 1:
-            return graphs[0].static_bytes()
+        """Parameters, buffers, constants and the user's inputs, each storage once: all the
+        model holds, whether the step reads it or not (transformers' Llama keeps its rotary
+        embedding's `original_inv_freq` beside the `inv_freq` its step reads; a head left
+        unused is more). Verify measures them all."""
+        self.capture()
         assert self._captured is not None
-        static = list(self.tensors)
+        static = [*self.tensors, *self.model.parameters(), *self.model.buffers()]
         for captured in self._captured:
             static += captured.state_tensors()
         return tensor_bytes(static)

@@ -7,8 +7,9 @@ hold what their forwards kept (saved tensors, and outputs the user holds), and t
 graphs' parameter gradients, made by their backwards, are alive during k's backward. A tensor
 that one graph makes and only a later graph reads is counted by the later graph, from its start
 to its last use there (`Handoff`). The parameters, buffers and the user's inputs are counted
-once for the whole step (`static_bytes`), however many graphs read them. With one graph all of
-this reduces to that graph's own simulation, exactly.
+once for the whole step (`static_bytes`), however many graphs read them, and so is model state
+that no graph reads (it is memory all the same). With one graph all of this reduces to that
+graph's own simulation plus that unread state, exactly.
 
 `StepSolver` answers "fastest step plan within B bytes" with one solver per graph: every graph
 gets the same share of its own range (minimum to no recomputation), the largest share whose
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from explorer.errors import BelowMinimum
 from explorer.graph import Graph
 from explorer.program import Handoff, compile_program
 from explorer.schedule import GraphSchedule, Schedule
@@ -121,9 +123,14 @@ class StepSolver:
         self.workspace = workspace
         self.handoffs = handoffs
         self.fingerprint = "+".join(g.fingerprint() for g in graphs)
+        # one graph: what the step holds beyond the state its graph reads (model state no
+        # graph reads); that graph's solver plans in its own bytes, a step budget less these
+        self.unread_bytes = static_bytes - graphs[0].static_bytes() if len(graphs) == 1 else 0
         self.baseline = self.combine([s.baseline for s in solvers])
         grads = sum(_param_grad_bytes(g) for g in graphs)
-        self.fixed_bytes = static_bytes + grads if len(graphs) > 1 else solvers[0].fixed_bytes
+        self.fixed_bytes = (
+            static_bytes + grads if len(graphs) > 1 else solvers[0].fixed_bytes + self.unread_bytes
+        )
         self._minimum: Schedule | None = None
 
     @property
@@ -185,12 +192,25 @@ class StepSolver:
         if budget_bytes >= self.baseline.predicted_peak_bytes:
             chosen = self.baseline.copy()
         elif len(self.solvers) == 1:
-            chosen = self.combine([self.solvers[0].solve(budget_bytes)])
+            chosen = self.combine([self._solve_one(budget_bytes)])
         else:
             chosen = self._shared(budget_bytes)
         chosen.budget_bytes = int(budget_bytes)
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
+
+    def _solve_one(self, budget_bytes: int) -> GraphSchedule:
+        """The single graph's answer within a step budget, refused in the step's bytes."""
+        try:
+            return self.solvers[0].solve(budget_bytes - self.unread_bytes)
+        except BelowMinimum:
+            raise below_minimum(
+                budget_bytes,
+                self.lowest_known(),
+                "the feasible minimum",
+                self.baseline.predicted_peak_bytes,
+                self.fixed_bytes,
+            ) from None
 
     def pace(self, budgets: int) -> None:
         for solver in self.solvers:
@@ -199,17 +219,24 @@ class StepSolver:
     def swept(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep solved: kept for a single graph only (a step of
         several graphs shares its budget out anew each time)."""
-        return self.solvers[0].swept(points) if len(self.solvers) == 1 else None
+        if len(self.solvers) > 1:
+            return None
+        budgets = self.solvers[0].swept(points)
+        return None if budgets is None else [b + self.unread_bytes for b in budgets]
 
     def remember_sweep(self, points: int, budgets: list[int]) -> None:
         if len(self.solvers) == 1:
-            self.solvers[0].remember_sweep(points, budgets)
+            self.solvers[0].remember_sweep(points, [b - self.unread_bytes for b in budgets])
 
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
         """Lower bounds for solved budgets without one (see Solver.bound_unknown): for a
         single graph only, whose budgets are the step's (several graphs share each budget
         out, and a step's gap is its worst graph's)."""
-        return self.solvers[0].bound_unknown(budgets) if len(self.solvers) == 1 else {}
+        if len(self.solvers) > 1:
+            return {}
+        unread = self.unread_bytes
+        found = self.solvers[0].bound_unknown([b - unread for b in budgets])
+        return {b + unread: bound for b, bound in found.items()}
 
     def _shared(self, budget: int) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits."""

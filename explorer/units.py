@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from explorer.errors import UserError
+from explorer.errors import BelowMinimum, UserError
 
 _UNITS = {
     "b": 1,
@@ -82,13 +82,13 @@ def least_fraction(lowest_bytes: int, baseline_bytes: int, fixed_bytes: int) -> 
 
 def below_minimum(
     budget: int, lowest: int, where: str, baseline_bytes: int, fixed_bytes: int
-) -> UserError:
+) -> BelowMinimum:
     """The error for a budget under the least peak known: both in bytes (to a tenth of a MiB
     they can read the same: googlenet at batch 2, 64 px, asked for 0.5 of its activations,
     read "100.9 MiB is below the front's minimum 100.9 MiB"), and the least fraction that
     fits, since fractions are what people type."""
     fraction = least_fraction(lowest, baseline_bytes, fixed_bytes)
-    return UserError(
+    return BelowMinimum(
         f"budget {format_bytes(budget)} ({budget} bytes) is below {where} "
         f"{format_bytes(lowest)} ({lowest} bytes; as a fraction, {fraction:.3f} or more)"
     )

@@ -9,6 +9,7 @@ from torch import nn
 
 import explorer
 from explorer.errors import UserError
+from explorer.models import build
 from explorer.verify import _peak_row, compare
 
 
@@ -156,3 +157,43 @@ def test_exporting_reuses_the_solver_the_sweep_prepared():
     plan.baseline().timeline()
     front.points[0].schedule.timeline()
     assert list(plan._solvers) == [("chain", 5)]
+
+
+class _WithUnreadState(nn.Module):
+    """A model whose step reads neither `spare` nor `table`: memory it holds all the same
+    (transformers' rotary embeddings keep `original_inv_freq` beside the `inv_freq` they
+    read; a classifier head left unused is another)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.spare = nn.Linear(100, 100)
+        self.register_buffer("table", torch.zeros(1000))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_the_predicted_peak_counts_what_the_model_holds_and_the_step_never_reads(
+    tmp_path, quick_search
+):
+    # Llama and Qwen2 from transformers failed verify by 32 bytes (an unread 8-float buffer)
+    # at every budget, no recomputation included: the plan counted only the state the step
+    # reads. catches: leaving out the 44,400 bytes of `spare` and `table`
+    built = build("sample:tiny_cnn", 8, 32)
+    model, x = _WithUnreadState(built.model), built.example_inputs[0]
+    plan = explorer.Planner(model, x)
+    plan.solver_cache = tmp_path / "solver_cache.json"
+    front = plan.sweep(points=3)
+    again = explorer.Planner(model, x)  # asks the budgets the cache remembers, in step bytes
+    again.solver_cache = plan.solver_cache
+    again.use_profile(plan.profile())
+    asked = [p.budget_bytes for p in again.sweep(points=3).points]
+    assert asked == [p.budget_bytes for p in front.points] and len(asked) >= 2
+    for k, point in enumerate([front.points[0], front.points[-1]]):
+        path = point.schedule.export(tmp_path / f"unread_{k}.py")
+        report = explorer.verify(path, model=model, example_inputs=(x,))
+        peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+        assert report.ok and peak.measured == peak.predicted, report.format_table()
+    with pytest.raises(UserError, match=f"minimum .*{front.points[0].predicted_peak_bytes} bytes"):
+        plan.solve(front.points[0].predicted_peak_bytes - 1)
