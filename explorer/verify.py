@@ -120,14 +120,22 @@ def training_step(
     tangent_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
     """One training step from the seed: forward (dropout seeded), backward from random tangents
-    on every output that requires grad. Returns the outputs, detached, in pytree order.
+    on every output that requires grad, but an output that shares its storage with an earlier
+    one (a view of it: CLIP returns `logits_per_image` as `logits_per_text.t()`): the graph
+    returns that storage once and gets one tangent for it, which the plan counts, where a
+    tangent per view is memory of the caller's that no plan sees (16 bytes over CLIP's
+    predicted peak). Returns the outputs, detached, in pytree order.
 
     Tangents are drawn in each output's dtype, or in `tangent_dtype` and then cast (a float64
     run of a float32 model draws the float32 run's tangents)."""
     torch.manual_seed(seed)
     outputs = [o for o in tree_flatten(model(*inputs, **(kwargs or {})))[0]]
     tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
-    differentiable = [o for o in tensors if o.requires_grad]
+    differentiable: list[torch.Tensor] = []
+    for output in tensors:
+        storage = output.untyped_storage()
+        if output.requires_grad and all(d.untyped_storage() is not storage for d in differentiable):
+            differentiable.append(output)
     if differentiable:
         gen = torch.Generator(device=differentiable[0].device).manual_seed(seed + 1)
         tangents = [

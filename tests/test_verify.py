@@ -197,3 +197,28 @@ def test_the_predicted_peak_counts_what_the_model_holds_and_the_step_never_reads
         assert report.ok and peak.measured == peak.predicted, report.format_table()
     with pytest.raises(UserError, match=f"minimum .*{front.points[0].predicted_peak_bytes} bytes"):
         plan.solve(front.points[0].predicted_peak_bytes - 1)
+
+
+class _ViewOutput(nn.Module):
+    """Returns a result and its transpose, as CLIP returns logits_per_text and its `.t()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.tanh(self.layer(x))
+        return y, y.t()
+
+
+def test_an_output_that_views_another_gets_no_tangent_of_its_own(tmp_path):
+    # CLIP failed verify at its no-recompute point, 16 bytes over the prediction and the
+    # budget: the step drew a (2, 2) tangent for logits_per_image, a view of logits_per_text,
+    # which the graph returns once. catches: a tangent for each output, views included
+    torch.manual_seed(0)
+    model, x = _ViewOutput(), torch.randn(64, 8)
+    plan = explorer.Planner(model, x)
+    path = plan.baseline().export(tmp_path / "view_plan.py")
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert report.ok and peak.measured == peak.predicted, report.format_table()
