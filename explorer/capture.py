@@ -157,7 +157,18 @@ def _handoffs(
             and isinstance(value, torch.Tensor)
             and _storage(value) in later - user
         )
-        graph.handoff = Handoff(transient, passed_on)
+        made = {
+            _storage(value): (j, ref)
+            for j, earlier in enumerate(captured[:k])
+            for ref, value in zip(earlier.graph.model_outputs, earlier.outputs, strict=False)
+            if ref is not None and isinstance(value, torch.Tensor)
+        }
+        sources = tuple(
+            (node.name, *made[_storage(value)])
+            for node, value in zip(primal_nodes, graph.primals, strict=True)
+            if node.name in transient and _storage(value) in made
+        )
+        graph.handoff = Handoff(transient, passed_on, sources)
 
 
 def _storage(tensor: torch.Tensor) -> int:

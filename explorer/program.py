@@ -32,10 +32,14 @@ class Handoff:
 
     `transient_inputs`: placeholders that an earlier graph made and nobody else holds: alive
     from the start of this graph until their last use here. `passed_on`: outputs that only
-    later graphs read: freed when this graph's forward ends (the next graph counts them)."""
+    later graphs read: freed when this graph's forward ends (the next graph counts them), unless
+    this graph's schedule keeps them for its backward. `sources`: for each transient input,
+    the earlier graph and the output of it that it is (so that a step does not count it twice
+    while that graph keeps it)."""
 
     transient_inputs: frozenset[str] = frozenset()
     passed_on: frozenset[ValueRef] = frozenset()
+    sources: tuple[tuple[str, int, ValueRef], ...] = ()
 
 
 @dataclass
@@ -138,8 +142,11 @@ def compile_program(
 
     grads = [None if r is None else table[r] for r in graph.input_grads]
     kept_outputs = set(outputs) - set(passed_on)
-    # autograd holds the tangents for the whole backward, so they are never ours to free
-    keep_bwd = set(static) | kept_outputs | set(tangents) | {g for g in grads if g is not None}
+    # the user's tangents (held by their caller) live through the whole backward; a graph
+    # whose outputs all go to later graphs gets its tangents from their backwards through
+    # autograd, which hands them over: freed after their last use here (measured)
+    held_tangents = set(tangents) if kept_outputs or not handoff.passed_on else set()
+    keep_bwd = set(static) | kept_outputs | held_tangents | {g for g in grads if g is not None}
     unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents) | set(bw_transient))
     return StepProgram(
         table,

@@ -26,6 +26,12 @@ class Timeline:
     phase: list[str]  # "forward" | "backward" | "recompute"
     static_bytes: int
     held_bytes: int = 0  # alive beyond the static bytes when the forward ends (saved, outputs)
+    # outputs passed on to later graphs that stay alive after the forward (saved for the
+    # backward): their slots; a later graph does not count them again (explorer.step)
+    kept_passed_on: frozenset[int] = frozenset()
+    # alive when the backward ends beyond the static bytes and the gradients it returns: the
+    # outputs the user holds and their tangents (alive through earlier graphs' backwards too)
+    user_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -94,12 +100,17 @@ def _run(
 
 
 def simulate(
-    graph: Graph, program: StepProgram, workspace: dict[str, int] | None = None
+    graph: Graph,
+    program: StepProgram,
+    workspace: dict[str, int] | None = None,
+    held_elsewhere: frozenset[str] = frozenset(),
 ) -> Timeline:
     """Memory timeline of one graph's step under `program` (see explorer.step for a step made
     of several graphs).
 
-    `workspace` (from a CUDA profile) adds each operator's scratch memory while it runs."""
+    `workspace` (from a CUDA profile) adds each operator's scratch memory while it runs.
+    `held_elsewhere`: transient inputs that the earlier graph which made them keeps alive
+    throughout this graph (saved for its own backward): counted there, so zero bytes here."""
     workspace = workspace or {}
     mem = _Storages()
     transient: list[tuple[int, int]] = []
@@ -107,7 +118,8 @@ def simulate(
         if node.phase == PLACEHOLDER and node.role != ROLE_TANGENT and node.outputs[0]:
             slot = program.slot_of[(node.name, 0)]
             if slot in program.transient_slots:
-                transient.append((slot, node.outputs[0].nbytes))
+                nbytes = 0 if node.name in held_elsewhere else node.outputs[0].nbytes
+                transient.append((slot, nbytes))
             else:
                 mem.bind(slot, node.outputs[0].nbytes, None)
     timeline = Timeline([], [], [], mem.live)
@@ -116,14 +128,22 @@ def simulate(
     for slot in program.unread_transient:
         mem.clear(slot)
     _run(graph, program.forward, mem, timeline, "forward", workspace)
+    storages = {slot: mem.storage_of_slot.get(slot) for slot in program.passed_on_slots}
     for slot in program.passed_on_slots:
         mem.clear(slot)
+    timeline.kept_passed_on = frozenset(
+        slot for slot, sid in storages.items() if sid is not None and mem.refs[sid] > 0
+    )
     timeline.held_bytes = mem.live - timeline.static_bytes
     for node in graph.placeholders(ROLE_TANGENT):
         mem.bind(program.slot_of[(node.name, 0)], node.out_bytes, None)
     for slot in program.unread_saved:
         mem.clear(slot)
     _run(graph, program.backward, mem, timeline, "backward", workspace)
+    grads = {mem.storage_of_slot.get(slot) for slot in program.grad_slots if slot is not None}
+    grads.discard(None)
+    returned = sum(mem.bytes_of[sid] for sid in grads if mem.refs[sid] > 0)
+    timeline.user_bytes = mem.live - timeline.static_bytes - returned
     copy = graph.grad_copy_bytes()
     if copy:
         timeline.steps.append(mem.live + copy)

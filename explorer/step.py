@@ -1,15 +1,20 @@
 """A training step made of one or more captured graphs: one plan per graph, one memory account.
 
-Dynamo gives one graph for most models; code it cannot trace splits a model into several
-graphs run one after another, with eager Python between them. The step then runs the graphs'
-forwards in order and their backwards in reverse order. While graph k runs, the earlier graphs
-hold what their forwards kept (saved tensors, and outputs the user holds), and the later
-graphs' parameter gradients, made by their backwards, are alive during k's backward. A tensor
-that one graph makes and only a later graph reads is counted by the later graph, from its start
-to its last use there (`Handoff`). The parameters, buffers and the user's inputs are counted
-once for the whole step (`static_bytes`), however many graphs read them, and so is model state
-that no graph reads (it is memory all the same). With one graph all of this reduces to that
-graph's own simulation plus that unread state, exactly.
+Dynamo gives one graph for most models; code it cannot trace splits a model into several graphs
+run one after another, with eager Python between them. The step then runs the graphs' forwards
+in order and their backwards in reverse order. While graph k runs, the earlier graphs hold what
+their forwards kept (saved tensors, and outputs the user holds), and the later graphs'
+parameter gradients, made by their backwards, are alive during k's backward, and so are the
+outputs of a later graph that passes nothing on (the user's) and their tangents. A tensor that
+one graph makes and only a later graph reads is counted by the later graph, from its start to
+its last use there (`Handoff`), unless the graph that made it keeps it for its own backward,
+which then counts it. A graph whose outputs all go to later graphs gets its tangents from their
+backwards through autograd, which hands them over: they are freed after their last use. The
+parameters, buffers and the user's inputs are counted once for the whole step (`static_bytes`),
+however many graphs read them, and so is model state that no graph reads (it is memory all the
+same). With one graph all of this reduces to that graph's own simulation plus that unread
+state, exactly. A two-graph step whose first graph saves what it hands over is predicted to the
+byte (tests/test_backend.py).
 
 `StepSolver` answers "fastest step plan within B bytes" with one solver per graph: every graph
 gets the same share of its own range (minimum to no recomputation), the largest share whose
@@ -22,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from explorer.errors import BelowMinimum
-from explorer.graph import Graph
+from explorer.graph import Graph, dense_bytes
 from explorer.program import Handoff, compile_program
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import Timeline, simulate
@@ -61,10 +66,18 @@ def step_timeline(
     """Bytes alive after each operator of the whole step (see the module docstring)."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
-    lines = [
-        simulate(g, compile_program(g, s, handoffs[k]), workspace[k])
-        for k, (g, s) in enumerate(zip(graphs, schedules, strict=True))
-    ]
+    lines: list[Timeline] = []
+    programs = []
+    for k, (graph, schedule) in enumerate(zip(graphs, schedules, strict=True)):
+        programs.append(compile_program(graph, schedule, handoffs[k]))
+        # an input that an earlier graph made and keeps for its own backward (which runs
+        # after this graph's) is alive all through this graph: that graph counts it
+        held = frozenset(
+            name
+            for name, j, ref in handoffs[k].sources
+            if programs[j].slot_of.get(ref) in lines[j].kept_passed_on
+        )
+        lines.append(simulate(graph, programs[k], workspace[k], held))
     if len(lines) == 1 and lines[0].static_bytes == static_bytes:
         return lines[0]
     grads = [_param_grad_bytes(g) for g in graphs]
@@ -74,9 +87,12 @@ def step_timeline(
         _append(out, line, k, range(line.forward_end), static_bytes + held)
         held += line.held_bytes
     out.held_bytes = held
+    # a later graph that passes nothing on leaves the user's outputs and their tangents
+    # alive through the earlier backwards (one that does: its tangents are autograd's, gone)
+    users = [0 if handoffs[k].passed_on else line.user_bytes for k, line in enumerate(lines)]
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes
-        later = sum(grads[k + 1 :])
+        later = sum(grads[k + 1 :]) + sum(users[k + 1 :])
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + later)
     return out
@@ -96,7 +112,8 @@ def _param_grad_bytes(graph: Graph) -> int:
     total = 0
     for name, grad in zip(primals, graph.input_grads, strict=False):
         if grad is not None and name in params:
-            total += graph.meta(grad).nbytes
+            meta = graph.meta(grad)
+            total += meta.nbytes or dense_bytes(meta)  # a view (a transposed mm) has none
     return total
 
 

@@ -394,4 +394,40 @@ def test_several_graphs_are_planned_and_verified():
     plan, schedule = _lowest(model, x)
     assert len(schedule.graphs) == 2 and schedule.recomputed_ops()
     report = schedule.verify()
-    assert report.ok, report.format_table()  # peaks of both graphs, combined, within 3%
+    assert report.ok, report.format_table()
+    # one byte over: the first graph returns `h.mean() > 0` (a 1-byte bool) for Python to
+    # read; the plan counts it as an output the caller may hold, and Python drops it at once
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert peak.predicted - peak.measured == 1, report.format_table()
+
+
+class _HandedOverAndSaved(nn.Module):
+    """Two graphs; the first saves for its own backward the tensor it hands to the second
+    (a tanh's output), and the model holds state neither reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh())
+        self.second = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
+        self.spare = nn.Linear(100, 100)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(hidden)
+
+
+def test_a_step_of_two_graphs_is_predicted_to_the_byte():
+    # it was 215,696 bytes over (12%, verify failed): the handed-over tensor counted by both
+    # graphs (262,144), the first graph's tangent held through its whole backward though
+    # autograd hands it over (262,144), the second graph's parameter gradients counted as
+    # nothing where they are views (267,280 under), and the user's output and its tangent
+    # forgotten during the first graph's backward (8,192 under). catches: any of the four
+    torch.manual_seed(0)
+    model, x = _HandedOverAndSaved(), torch.randn(256, 32)
+    plan = explorer.Planner(model, x)
+    schedule = plan.baseline()
+    assert len(schedule.graphs) == 2
+    report = schedule.verify()
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert report.ok and peak.measured == peak.predicted, report.format_table()
