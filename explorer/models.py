@@ -12,10 +12,11 @@ A SPEC is one of:
   ``(module, args, kwargs)``, or ``(module, kwargs_dict)`` with its own example inputs (as
   ``torch.export`` takes them: a tensor or tuple of positional inputs, a dict of keyword ones).
 
-Models are built on the CPU right after ``torch.manual_seed(seed)``, then moved to the device
-and put in train mode, so the same seed gives the same parameters on every device. Example
-inputs come from their own seeded ``torch.Generator``: images are float32 (B, C, S, S),
-token sequences int64 (B, T), vectors float32 (B, F). ``input_size`` is S, T or F.
+Models are built on the CPU right after ``torch.manual_seed(seed)``, so the same seed gives
+the same parameters on every device, then moved to the device and put in train mode (but
+layers a factory put in eval mode, such as frozen BatchNorm, stay so). Example inputs come
+from their own seeded ``torch.Generator``: images are float32 (B, C, S, S), token sequences
+int64 (B, T), vectors float32 (B, F). ``input_size`` is S, T or F.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from explorer.errors import UserError, first_line, message_line
+from explorer.modelstate import as_trained
 from explorer.units import format_bytes
 from sample_models import SAMPLE_MODELS
 
@@ -119,7 +121,7 @@ def build(
     dev = _device(device)
     torch.manual_seed(seed)
     made = _make(spec, input_size)
-    model = made.model.to(dev).train()
+    model = as_trained(made.model.to(dev))
     if made.inputs is not None:
         inputs = tuple(_to(x, dev) for x in made.inputs)
         kwargs = {k: _to(v, dev) for k, v in (made.kwargs or {}).items()}

@@ -41,6 +41,15 @@ def kept(model: nn.Module, inputs: Any) -> Iterator[None]:
                 module.training = training
 
 
+def as_trained(model: nn.Module) -> nn.Module:
+    """`model` in the modes it trains in: a model wholly in eval mode (transformers'
+    from_pretrained returns one) is put in train mode; otherwise its layers keep their modes,
+    since layers a user put in eval (frozen BatchNorm, while fine-tuning) train so."""
+    if not any(m.training for m in model.modules()):
+        model.train()
+    return model
+
+
 def grad_holders(model: nn.Module, inputs: Any) -> list[torch.Tensor]:
     """Parameters and leaf inputs: the tensors whose ``.grad`` a step fills."""
     return [*model.parameters(), *(x for x in tensors_in(inputs) if x.is_leaf)]

@@ -26,7 +26,7 @@ from explorer.export import write_module
 from explorer.graph import Graph
 from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec
-from explorer.modelstate import tensors_in
+from explorer.modelstate import as_trained, tensors_in
 from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn, report
 from explorer.schedule import Schedule
@@ -40,7 +40,8 @@ from explorer.units import parse_budget
 
 
 class Planner:
-    """Plans rematerialization for one model and one example input, on the model's device.
+    """Plans rematerialization for one model and one example input, on the model's device,
+    in the modes its layers are in (a model wholly in eval mode is put in train mode).
 
     `args` is a tensor or a tuple of positional inputs, `kwargs` a dict of keyword inputs (as
     `torch.export` takes them); `autocast` a dtype (torch.bfloat16, torch.float16) to plan the
@@ -58,7 +59,9 @@ class Planner:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise UserError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
-        self.model = model.train()
+        # never the whole model in train mode: that would unfreeze the user's own frozen
+        # layers, in the model they go on training, silently
+        self.model = as_trained(model)
         self.example_inputs = tuple(args) if isinstance(args, (tuple, list)) else (args,)
         self.example_kwargs = dict(kwargs or {})
         if not any(isinstance(x, torch.Tensor) for x in self.tensors):

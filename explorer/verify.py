@@ -52,7 +52,7 @@ from explorer.backend import EXACT, RematError, wrap_with_schedule
 from explorer.errors import UserError, first_line
 from explorer.export import read_module
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
-from explorer.modelstate import grad_holders, tensors_in
+from explorer.modelstate import as_trained, grad_holders, tensors_in
 from explorer.schedule import Schedule
 from explorer.units import format_bytes
 
@@ -460,7 +460,7 @@ def _models(made_for, model, example_inputs, example_kwargs, device):
             raise UserError("verify(model=...) needs example_inputs (and/or example_kwargs) too")
         args = example_inputs if example_inputs is not None else ()
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
-        return copy.deepcopy(model).train(), args, dict(example_kwargs or {})
+        return as_trained(copy.deepcopy(model)), args, dict(example_kwargs or {})
     from explorer.models import build
 
     spec = made_for.get("model", {})

@@ -24,6 +24,7 @@ from explorer.backend import (
     _sizes,
     wrap_with_schedule,
 )
+from explorer.models import build
 
 
 def _lowest(model: nn.Module, *args, **kwargs):
@@ -431,3 +432,25 @@ def test_a_step_of_two_graphs_is_predicted_to_the_byte():
     report = schedule.verify()
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
     assert report.ok and peak.measured == peak.predicted, report.format_table()
+
+
+def test_layers_the_user_froze_in_eval_mode_stay_so_and_are_planned_so(tmp_path):
+    # Planner put the whole model in train mode: a user fine-tuning with frozen BatchNorm
+    # found it updating running statistics again after planning, with no word. catches:
+    # `model.train()` on a model whose own mode is train
+    torch.manual_seed(0)
+    model = build("sample:tiny_cnn", 4, 32).model
+    frozen = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert frozen
+    for layer in frozen:
+        layer.eval()
+    before = [b.clone() for b in model.buffers()]
+    x = torch.randn(4, 3, 32, 32)
+    plan = explorer.Planner(model, x)
+    report = plan.baseline().verify()
+    assert not any(layer.training for layer in frozen)
+    assert report.ok, report.format_table()
+    wrapped = _wrap(plan, plan.baseline())
+    wrapped(x).sum().backward()
+    assert [p.how for p in wrapped.plans] == [EXACT]  # planned for the frozen layers
+    assert all(torch.equal(a, b) for a, b in zip(before, wrapped.model.buffers(), strict=True))
