@@ -101,13 +101,19 @@ class Graph:
     def placeholders(self, role: str) -> list[Node]:
         return [n for n in self.nodes if n.phase == PLACEHOLDER and n.role == role]
 
+    def grad_bytes(self, ref: ValueRef) -> int:
+        """Bytes of a gradient once stored in `.grad`: a view (a transposed mm, 0 bytes of
+        its own) becomes a dense tensor of its shape."""
+        meta = self.meta(ref)
+        return meta.nbytes or dense_bytes(meta)
+
     def grad_copy_bytes(self) -> int:
         """Autograd copies a gradient whose layout differs from its parameter's (a transposed
         Linear weight gradient) when it stores it in `.grad`. The backward's own gradients stay
         alive until the last is stored (AOTAutograd returns them together), so at the very end
         of the step every such copy is alive beside them."""
         return sum(
-            self.meta(r).nbytes or dense_bytes(self.meta(r))
+            self.grad_bytes(r)
             for r in self.input_grads
             if r is not None and not self.meta(r).contiguous
         )

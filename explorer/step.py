@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from explorer.errors import BelowMinimum
-from explorer.graph import Graph, dense_bytes
+from explorer.graph import Graph
 from explorer.program import Handoff, compile_program
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import Timeline, simulate
@@ -112,8 +112,7 @@ def _param_grad_bytes(graph: Graph) -> int:
     total = 0
     for name, grad in zip(primals, graph.input_grads, strict=False):
         if grad is not None and name in params:
-            meta = graph.meta(grad)
-            total += meta.nbytes or dense_bytes(meta)  # a view (a transposed mm) has none
+            total += graph.grad_bytes(grad)
     return total
 
 
@@ -221,13 +220,17 @@ class StepSolver:
         try:
             return self.solvers[0].solve(budget_bytes - self.unread_bytes)
         except BelowMinimum:
-            raise below_minimum(
-                budget_bytes,
-                self.lowest_known(),
-                "the feasible minimum",
-                self.baseline.predicted_peak_bytes,
-                self.fixed_bytes,
-            ) from None
+            raise self._below_minimum(budget_bytes, self.lowest_known()) from None
+
+    def _below_minimum(self, budget_bytes: int, lowest: int) -> BelowMinimum:
+        """The refusal of a budget under `lowest`, in the step's bytes and fractions."""
+        return below_minimum(
+            budget_bytes,
+            lowest,
+            "the feasible minimum",
+            self.baseline.predicted_peak_bytes,
+            self.fixed_bytes,
+        )
 
     def pace(self, budgets: int) -> None:
         for solver in self.solvers:
@@ -259,13 +262,7 @@ class StepSolver:
         """Several graphs: the largest common share of each graph's range that fits."""
         lowest = self.minimum()
         if lowest.predicted_peak_bytes > budget:
-            raise below_minimum(
-                budget,
-                lowest.predicted_peak_bytes,
-                "the feasible minimum",
-                self.baseline.predicted_peak_bytes,
-                self.fixed_bytes,
-            )
+            raise self._below_minimum(budget, lowest.predicted_peak_bytes)
         best, lo, hi = lowest, 0.0, 1.0
         for _ in range(BISECTIONS):
             share = (lo + hi) / 2
