@@ -25,6 +25,7 @@ from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
 from explorer.errors import UserError, first_line
+from explorer.fxgraph import is_tangent
 from explorer.graph import PLACEHOLDER, ROLE_CONSTANT, ROLE_INPUT, ROLE_TANGENT, Graph
 from explorer.modelstate import kept, tensors_in
 from explorer.program import Handoff, baseline_schedule
@@ -168,7 +169,24 @@ def _handoffs(
             for node, value in zip(primal_nodes, graph.primals, strict=True)
             if node.name in transient and _storage(value) in made
         )
-        graph.handoff = Handoff(transient, passed_on, sources)
+        graph.handoff = Handoff(transient, passed_on, sources, _handed_tangents(graph, passed_on))
+
+
+def _handed_tangents(captured: CapturedGraph, passed_on: frozenset) -> frozenset[str]:
+    """The tangent placeholders of the outputs in `passed_on`, matched through the
+    descriptions AOTAutograd (torch 2.9 on) writes on the joint graph's inputs and outputs
+    (`meta["desc"]`); a tangent without one is taken as the user's (held: the safe side)."""
+    joint = captured.joint.graph
+    outputs = captured.graph.model_outputs
+    descs = joint.output_node().meta.get("desc") or []
+    at = {desc: k for k, desc in enumerate(descs[: len(outputs)]) if desc is not None}
+    return frozenset(
+        node.name
+        for node in joint.find_nodes(op="placeholder")
+        if is_tangent(node)
+        and (k := at.get(getattr(node.meta.get("desc"), "output", None))) is not None
+        and outputs[k] in passed_on
+    )
 
 
 def _storage(tensor: torch.Tensor) -> int:

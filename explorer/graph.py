@@ -101,6 +101,12 @@ class Graph:
     def placeholders(self, role: str) -> list[Node]:
         return [n for n in self.nodes if n.phase == PLACEHOLDER and n.role == role]
 
+    def primal_names(self) -> list[str]:
+        """The graph's inputs other than tangents and constants, in the order of
+        `input_grads`."""
+        roles = (ROLE_PARAM, ROLE_BUFFER, ROLE_INPUT)
+        return [n.name for n in self.nodes if n.phase == PLACEHOLDER and n.role in roles]
+
     def grad_bytes(self, ref: ValueRef) -> int:
         """Bytes of a gradient once stored in `.grad`: a view (a transposed mm, 0 bytes of
         its own) becomes a dense tensor of its shape."""

@@ -40,7 +40,7 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 class _NewStorageMode(TorchDispatchMode):
     """Hands every operator's inputs and outputs to the tracker that owns this mode."""
 
-    def __init__(self, on_op: Callable[[Any, Any], None]) -> None:
+    def __init__(self, on_op: Callable[[Any, Any, Any], None]) -> None:
         super().__init__()
         self._on_op = on_op
 
@@ -55,7 +55,7 @@ class _NewStorageMode(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self._on_op((args, kwargs), out)
+        self._on_op(func, (args, kwargs), out)
         return out
 
 
@@ -87,8 +87,15 @@ class LiveBytesTracker:
     peak statistics of that device.
     """
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        after_op: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """`after_op` (CPU only): called after every operator with its name (`aten.mm.default`)
+        and the live bytes then, to find where a prediction and the run part ways."""
         self.device = torch.device(device)
+        self._after_op = after_op
         self._lock = threading.RLock()
         self._live: dict[int, tuple[int, weakref.finalize]] = {}
         self._mode: _NewStorageMode | None = None
@@ -165,7 +172,7 @@ class LiveBytesTracker:
         self._allocated_peak = torch.cuda.max_memory_allocated(self.device) - self._allocated_base
         self._reserved_peak = torch.cuda.max_memory_reserved(self.device)
 
-    def _record_outputs(self, inputs: Any, outputs: Any) -> None:
+    def _record_outputs(self, func: Any, inputs: Any, outputs: Any) -> None:
         """Count each output storage that no input owns and that is not counted yet."""
         input_storages = {id(t.untyped_storage()) for t in _tensors(inputs)}
         for tensor in _tensors(outputs):
@@ -176,6 +183,8 @@ class LiveBytesTracker:
             nbytes = storage.nbytes()
             if nbytes:
                 self._add(key, nbytes, weakref.finalize(storage, self._remove, key))
+        if self._after_op is not None:
+            self._after_op(str(func), self._current)
 
     def _add(self, key: int, nbytes: int, finalizer: weakref.finalize) -> None:
         with self._lock:

@@ -30,16 +30,21 @@ class Instr:
 class Handoff:
     """How one graph of a step made of several meets the others (explorer.step).
 
-    `transient_inputs`: placeholders that an earlier graph made and nobody else holds: alive
-    from the start of this graph until their last use here. `passed_on`: outputs that only
+    `transient_inputs`: placeholders that an earlier graph made and that are not the user's:
+    the Python frames between the graphs hold them until the model's forward returns (measured:
+    a three-graph step kept both handed-over tensors through the last graph's forward), then
+    they live on only if this graph saves them. `passed_on`: outputs that only
     later graphs read: freed when this graph's forward ends (the next graph counts them), unless
     this graph's schedule keeps them for its backward. `sources`: for each transient input,
     the earlier graph and the output of it that it is (so that a step does not count it twice
-    while that graph keeps it)."""
+    while that graph keeps it). `handed_tangents`: the tangents of passed-on outputs, which
+    autograd hands over from the later graphs' backwards and nobody else holds: freed after
+    their last use here, where the user's tangents live through the whole backward."""
 
     transient_inputs: frozenset[str] = frozenset()
     passed_on: frozenset[ValueRef] = frozenset()
     sources: tuple[tuple[str, int, ValueRef], ...] = ()
+    handed_tangents: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -56,8 +61,11 @@ class StepProgram:
     grad_slots: list[int | None]  # one per graph input (parameters, buffers, inputs)
     unread_saved: list[int] = field(default_factory=list)  # saved but never read: freed first
     transient_slots: list[int] = field(default_factory=list)  # Handoff.transient_inputs
-    unread_transient: list[int] = field(default_factory=list)  # never read: freed at once
+    # transient inputs the backward does not read: freed when the step's forward ends
+    frame_held: list[int] = field(default_factory=list)
     passed_on_slots: list[int] = field(default_factory=list)  # freed when the forward ends
+    # passed on, and read by the backward too: kept past the forward (the user holds neither)
+    saved_passed_on: list[int] = field(default_factory=list)
 
 
 def _slot_table(graph: Graph) -> dict[ValueRef, int]:
@@ -125,7 +133,8 @@ def compile_program(
     ]
     transient = [table[(n.name, 0)] for n in placeholders if n.name in handoff.transient_inputs]
     static = [table[(n.name, 0)] for n in placeholders if n.name not in handoff.transient_inputs]
-    tangents = [table[(n.name, 0)] for n in graph.placeholders(ROLE_TANGENT)]
+    tangent_nodes = graph.placeholders(ROLE_TANGENT)
+    tangents = [table[(n.name, 0)] for n in tangent_nodes]
     outputs = [table[r] for r in graph.model_outputs if r is not None]
     saved = [table[r] for r in schedule.saved]
 
@@ -134,18 +143,24 @@ def compile_program(
     read_later = {s for instr in backward for s in instr.in_slots}
     bw_transient = [s for s in transient if s in read_later]
     passed_on = [table[r] for r in handoff.passed_on if table[r] not in read_later]
+    saved_passed_on = [table[r] for r in handoff.passed_on if table[r] in read_later]
 
     needed = _forward_needed(graph, set(schedule.saved))
     forward = [_instr(graph, table, n.name, False) for n in graph.nodes if n.name in needed]
-    keep_fwd = set(static) | set(saved) | set(outputs) | set(bw_transient)
-    unread_transient = _assign_frees(forward, keep_fwd, set(transient))
+    keep_fwd = set(static) | set(saved) | set(outputs) | set(transient)
+    _assign_frees(forward, keep_fwd, set(transient))
+    frame_held = [s for s in transient if s not in read_later]
 
     grads = [None if r is None else table[r] for r in graph.input_grads]
-    kept_outputs = set(outputs) - set(passed_on)
-    # the user's tangents (held by their caller) live through the whole backward; a graph
-    # whose outputs all go to later graphs gets its tangents from their backwards through
-    # autograd, which hands them over: freed after their last use here (measured)
-    held_tangents = set(tangents) if kept_outputs or not handoff.passed_on else set()
+    kept_outputs = set(outputs) - set(passed_on) - set(saved_passed_on)
+    # the user's tangents (held by their caller) live through the whole backward; those of
+    # outputs only later graphs read come from their backwards through autograd, which hands
+    # them over: freed after their last use here (measured)
+    held_tangents = {
+        slot
+        for slot, node in zip(tangents, tangent_nodes, strict=True)
+        if node.name not in handoff.handed_tangents
+    }
     keep_bwd = set(static) | kept_outputs | held_tangents | {g for g in grads if g is not None}
     unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents) | set(bw_transient))
     return StepProgram(
@@ -159,8 +174,9 @@ def compile_program(
         grads,
         unread,
         transient,
-        unread_transient,
+        frame_held,
         passed_on,
+        saved_passed_on,
     )
 
 
@@ -223,11 +239,10 @@ def _forward_needed(graph: Graph, saved: set[ValueRef]) -> set[str]:
 def check_program(graph: Graph, program: StepProgram) -> str | None:
     """Why this program cannot run (a value read before it exists), or None if it can."""
     live = set(program.static_slots) | set(program.transient_slots)
-    live -= set(program.unread_transient)
     missing = _first_unready(program.forward, live)
     if missing:
         return f"forward: {missing} reads a value not yet computed"
-    live -= set(program.passed_on_slots)
+    live -= set(program.passed_on_slots) | set(program.frame_held)
     live |= set(program.static_slots) | set(program.saved_slots) | set(program.tangent_slots)
     live |= set(program.output_slots) - set(program.passed_on_slots)
     live -= set(program.unread_saved)

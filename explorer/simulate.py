@@ -26,6 +26,9 @@ class Timeline:
     phase: list[str]  # "forward" | "backward" | "recompute"
     static_bytes: int
     held_bytes: int = 0  # alive beyond the static bytes when the forward ends (saved, outputs)
+    # of those, the transient inputs that only the Python frames hold: freed when the whole
+    # step's forward ends (explorer.step), before any backward
+    frame_bytes: int = 0
     # outputs passed on to later graphs that stay alive after the forward (saved for the
     # backward): their slots; a later graph does not count them again (explorer.step)
     kept_passed_on: frozenset[int] = frozenset()
@@ -109,8 +112,8 @@ def simulate(
     of several graphs).
 
     `workspace` (from a CUDA profile) adds each operator's scratch memory while it runs.
-    `held_elsewhere`: transient inputs that the earlier graph which made them keeps alive
-    throughout this graph (saved for its own backward): counted there, so zero bytes here."""
+    `held_elsewhere`: transient inputs that an earlier graph (their maker, or another reader)
+    counts while this graph needs them (explorer.step): zero bytes here."""
     workspace = workspace or {}
     mem = _Storages()
     transient: list[tuple[int, int]] = []
@@ -125,16 +128,17 @@ def simulate(
     timeline = Timeline([], [], [], mem.live)
     for slot, nbytes in transient:  # alive, but made by an earlier graph: not static
         mem.bind(slot, nbytes, None)
-    for slot in program.unread_transient:
-        mem.clear(slot)
     _run(graph, program.forward, mem, timeline, "forward", workspace)
     storages = {slot: mem.storage_of_slot.get(slot) for slot in program.passed_on_slots}
     for slot in program.passed_on_slots:
         mem.clear(slot)
     timeline.kept_passed_on = frozenset(
         slot for slot, sid in storages.items() if sid is not None and mem.refs[sid] > 0
-    )
+    ) | frozenset(program.saved_passed_on)
     timeline.held_bytes = mem.live - timeline.static_bytes
+    for slot in program.frame_held:
+        mem.clear(slot)
+    timeline.frame_bytes = timeline.static_bytes + timeline.held_bytes - mem.live
     for node in graph.placeholders(ROLE_TANGENT):
         mem.bind(program.slot_of[(node.name, 0)], node.out_bytes, None)
     for slot in program.unread_saved:

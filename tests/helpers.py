@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import sys
 import uuid
@@ -9,10 +10,13 @@ from pathlib import Path
 from types import ModuleType
 
 import explorer
+from explorer.backend import wrap_with_schedule
+from explorer.memory import LiveBytesTracker
 from explorer.models import build
+from explorer.schedule import Schedule
 from explorer.verify import training_step
 
-__all__ = ["import_schedule", "planner", "train_step"]
+__all__ = ["import_schedule", "live_bytes_by_operator", "planner", "train_step"]
 
 train_step = training_step  # the same step verify runs: seeded forward, random tangents
 
@@ -31,3 +35,34 @@ def import_schedule(path: str | Path) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def live_bytes_by_operator(
+    plan: explorer.Planner, schedule: Schedule, inputs: tuple
+) -> list[tuple[str, int, int]]:
+    """(operator, predicted, measured) live bytes after every operator of the predicted
+    timeline, for the wrapped model's second step (the first compiles). The run's operators
+    are matched to the prediction's in order by their aten name; the run has more (views the
+    graphs make, the tangents drawn, autograd's own), and every predicted one must be found."""
+    wrapped = wrap_with_schedule(copy.deepcopy(plan.model), plan.made_for(), schedule.to_dict())
+    training_step(wrapped, inputs, 0)
+    for parameter in wrapped.parameters():
+        parameter.grad = None
+    ran: list[tuple[str, int]] = []
+    with LiveBytesTracker(after_op=lambda name, live: ran.append((name, live))):
+        training_step(wrapped, inputs, 0)
+    line = plan.timeline(schedule)
+    graphs = [c.graph for c in plan._captured]
+    predicted = []
+    for label, live in zip(line.labels, line.steps, strict=True):
+        if "autograd:" not in label:  # not a graph's operator: a copy autograd makes
+            where, _, name = label.rpartition(":")
+            graph = graphs[int(where[1:]) - 1 if where else 0]
+            predicted.append((label, graph.node(name).target, live - line.static_bytes))
+    found: list[tuple[str, int, int]] = []
+    for name, live in ran:
+        if len(found) < len(predicted) and name == predicted[len(found)][1]:
+            label, _, expected = predicted[len(found)]
+            found.append((label, expected, live))
+    assert len(found) == len(predicted), f"{predicted[len(found)][0]} never ran"
+    return found

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import live_bytes_by_operator
 from torch import nn
 
 import explorer
@@ -429,6 +430,54 @@ def test_a_step_of_two_graphs_is_predicted_to_the_byte():
     plan = explorer.Planner(model, x)
     schedule = plan.baseline()
     assert len(schedule.graphs) == 2
+    report = schedule.verify()
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert report.ok and peak.measured == peak.predicted, report.format_table()
+
+
+class _ThreeGraphs(nn.Module):
+    """Three graphs. The first hands two tensors to both later ones, which neither it nor
+    the second saves for a backward (the Python frames hold them until the forward returns).
+    The second saves one of them, and also saves what it hands to the third beside an output
+    it returns to the user."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 256))
+        self.side = nn.Linear(32, 256)
+        self.second = nn.Linear(256, 256)
+        self.second_side = nn.Linear(256, 256)
+        self.head = nn.Linear(256, 64)
+        self.third = nn.Linear(256, 256)
+        self.third_side = nn.Linear(256, 256)
+        self.out = nn.Linear(256, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, k = self.first(x), self.side(x)
+        torch._dynamo.graph_break()
+        hidden = torch.tanh(self.second(torch.tanh(h)) + self.second_side(k))
+        aux = self.head(hidden)
+        torch._dynamo.graph_break()
+        summed = self.third(hidden) + torch.tanh(h) + self.third_side(k)
+        return self.out(torch.tanh(summed)), aux
+
+
+def test_every_operator_of_a_three_graph_step_is_predicted_to_the_byte():
+    # its peak was predicted 8.3% under measured, and the bytes after 29 of its 110 operators
+    # were off, from nine errors: handed-over tangents held through the whole backward, a
+    # middle graph's user output and tangent forgotten in the first graph's backward, earlier
+    # graphs' user tangents forgotten in later backwards, handed-over inputs freed at their
+    # last use where the frames hold them, a handed-over tensor its maker saves counted twice
+    # or taken for a user output, one an earlier reader holds counted again, and the third
+    # graph's gradients for the first graph's tensors forgotten in the second's backward.
+    # catches: any one of the nine (each undone was checked)
+    torch.manual_seed(0)
+    model, x = _ThreeGraphs(), torch.randn(512, 32)
+    plan = explorer.Planner(model, x)
+    schedule = plan.baseline()
+    assert len(schedule.graphs) == 3
+    wrong = [row for row in live_bytes_by_operator(plan, schedule, (x,)) if row[1] != row[2]]
+    assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
     report = schedule.verify()
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
     assert report.ok and peak.measured == peak.predicted, report.format_table()
