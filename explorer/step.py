@@ -18,13 +18,15 @@ same). With one graph all of this reduces to that graph's own simulation plus th
 state, exactly. Measured after every operator of a three-graph step, the prediction is exact
 (tests/test_backend.py).
 
-`StepSolver` answers "fastest step plan within B bytes" with one solver per graph: every graph
-gets the same share of its own range (minimum to no recomputation), the largest share whose
-combined peak fits.
+`StepSolver` answers "fastest step plan within B bytes" with one solver per graph: first every
+graph gets the same share of its own range (minimum to no recomputation), the largest share
+whose combined peak fits; then the fastest combination of the schedules the graphs' solvers
+know whose step fits, if faster.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass
 
@@ -36,6 +38,7 @@ from explorer.simulate import Timeline, simulate
 from explorer.units import below_minimum
 
 BISECTIONS = 16  # shares tried when several graphs split a budget
+MAX_PAIRINGS = 1000  # combinations of the graphs' known schedules tried for one budget
 
 
 @dataclass
@@ -309,9 +312,37 @@ class StepSolver:
                 lo = share
             else:
                 hi = share
+        best = self._faster_apart(best, budget)
         if best.predicted_seconds > self.baseline.predicted_seconds:
-            best.status, best.gap = "feasible", 1.0  # an equal share is not proven best
+            best.status, best.gap = "feasible", 1.0  # a shared budget is not proven best
         return best
+
+    def _faster_apart(self, plan: Schedule, budget: int) -> Schedule:
+        """The fastest combination of the schedules each graph's solver knows whose step
+        fits, if faster than `plan`: tried in ascending total seconds (best first), so the
+        first that fits is the fastest of them; at most MAX_PAIRINGS tried. An equal share of
+        each range is rarely where the step is fastest: a two-graph CNN (tests/test_backend.py)
+        costs +11.4% with equal shares from half its range up, +8.9% given apart."""
+        options = [sorted(s.known(), key=lambda g: g.predicted_seconds) for s in self.solvers]
+
+        def seconds(index: tuple[int, ...]) -> float:
+            return sum(options[k][i].predicted_seconds for k, i in enumerate(index))
+
+        first = (0,) * len(options)
+        queue, seen = [(seconds(first), first)], {first}
+        for _ in range(MAX_PAIRINGS):
+            if not queue or queue[0][0] >= plan.predicted_seconds:
+                break
+            _, index = heapq.heappop(queue)
+            picks = [options[k][i] for k, i in enumerate(index)]
+            if self.timeline(picks).peak_bytes <= budget:
+                return self.combine([GraphSchedule.from_dict(p.to_dict()) for p in picks])
+            for k in range(len(index)):
+                after = (*index[:k], index[k] + 1, *index[k + 1 :])
+                if after[k] < len(options[k]) and after not in seen:
+                    seen.add(after)
+                    heapq.heappush(queue, (seconds(after), after))
+        return plan
 
     def _at_share(self, share: float) -> Schedule:
         picked = []
