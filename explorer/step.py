@@ -71,6 +71,38 @@ def step_timeline(
     """Bytes alive after each operator of the whole step (see the module docstring)."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
+    lines = _graph_timelines(graphs, schedules, workspace, handoffs)
+    if len(lines) == 1 and lines[0].static_bytes == static_bytes:
+        return lines[0]
+    grads = [_param_grad_bytes(g) for g in graphs]
+    out = Timeline([], [], [], static_bytes)
+    held = 0
+    for k, line in enumerate(lines):
+        _append(out, line, k, range(line.forward_end), static_bytes + held)
+        held += line.held_bytes
+    out.held_bytes = held
+    # a later graph's outputs the user holds, and their tangents, stay alive through the
+    # earlier backwards (the tangents autograd handed over are gone by then)
+    users = [line.user_bytes for line in lines]
+    # ... and the earlier graphs' tangents the user holds are alive through the later ones'
+    tangents = [_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
+    waiting = _waiting_grad_bytes(graphs, handoffs)
+    held -= sum(line.frame_bytes for line in lines)  # the model's forward has returned
+    for k in reversed(range(len(lines))):
+        held -= lines[k].held_bytes - lines[k].frame_bytes
+        around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
+        backward = range(lines[k].forward_end, len(lines[k].steps))
+        _append(out, lines[k], k, backward, static_bytes + held + around)
+    return out
+
+
+def _graph_timelines(
+    graphs: list[Graph],
+    schedules: list[GraphSchedule],
+    workspace: list[dict[str, int]],
+    handoffs: list[Handoff],
+) -> list[Timeline]:
+    """Each graph's own simulation, a handed-over tensor counted by one graph only."""
     lines: list[Timeline] = []
     programs = []
     read: set[tuple[int, ValueRef]] = set()  # handed-over tensors an earlier graph reads
@@ -94,28 +126,7 @@ def step_timeline(
             if program.slot_of[(name, 0)] in saves:
                 saved.add((j, ref))
         lines.append(simulate(graph, program, workspace[k], held))
-    if len(lines) == 1 and lines[0].static_bytes == static_bytes:
-        return lines[0]
-    grads = [_param_grad_bytes(g) for g in graphs]
-    out = Timeline([], [], [], static_bytes)
-    held = 0
-    for k, line in enumerate(lines):
-        _append(out, line, k, range(line.forward_end), static_bytes + held)
-        held += line.held_bytes
-    out.held_bytes = held
-    # a later graph's outputs the user holds, and their tangents, stay alive through the
-    # earlier backwards (the tangents autograd handed over are gone by then)
-    users = [line.user_bytes for line in lines]
-    # ... and the earlier graphs' tangents the user holds are alive through the later ones'
-    tangents = [_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
-    waiting = _waiting_grad_bytes(graphs, handoffs)
-    held -= sum(line.frame_bytes for line in lines)  # the model's forward has returned
-    for k in reversed(range(len(lines))):
-        held -= lines[k].held_bytes - lines[k].frame_bytes
-        around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
-        backward = range(lines[k].forward_end, len(lines[k].steps))
-        _append(out, lines[k], k, backward, static_bytes + held + around)
-    return out
+    return lines
 
 
 def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> None:
@@ -336,7 +347,7 @@ class StepSolver:
             _, index = heapq.heappop(queue)
             picks = [options[k][i] for k, i in enumerate(index)]
             if self.timeline(picks).peak_bytes <= budget:
-                return self.combine([GraphSchedule.from_dict(p.to_dict()) for p in picks])
+                return self.combine(picks)  # known() gave copies
             for k in range(len(index)):
                 after = (*index[:k], index[k] + 1, *index[k + 1 :])
                 if after[k] < len(options[k]) and after not in seen:
