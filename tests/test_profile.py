@@ -9,6 +9,7 @@ import torch
 from helpers import planner
 
 import explorer
+import explorer.profile
 from explorer.errors import UserError
 from explorer.graph import PLACEHOLDER
 from explorer.profile import StepProfile
@@ -31,6 +32,33 @@ def test_every_operator_is_timed(profiled):
     assert sorted(timed.seconds) == sorted(operators)
     assert all(s >= 0 for s in timed.seconds.values()) and profile.total_seconds > 0
     assert profile.device == "cpu" and "cpu" in profile.device_name
+
+
+def test_operators_are_timed_inside_whole_runs_of_the_step(profiled, monkeypatch):
+    # timed alone, back to back, operators read up to ten times off their cost in the step.
+    # catches: timing each operator on its own (its calls in a row)
+    plan, _ = profiled
+    (captured,) = plan._captured
+    calls: list[str] = []
+    table = explorer.profile.op_table
+
+    def recording(joint):
+        ops = table(joint)
+        return {name: _recorded(name, fn, calls) for name, fn in ops.items()}
+
+    monkeypatch.setattr(explorer.profile, "op_table", recording)
+    timed = explorer.profile.profile_graph(captured, repeats=2)
+    one_step = calls[: len(timed.seconds)]
+    assert sorted(one_step) == sorted(timed.seconds)
+    assert calls == one_step * 3  # untimed, then twice timed, each the whole step in order
+
+
+def _recorded(name, fn, calls):
+    def run(*args):
+        calls.append(name)
+        return fn(*args)
+
+    return run
 
 
 def test_round_trip_and_refusals(profiled, tmp_path):
