@@ -52,7 +52,7 @@ def live_bytes_by_operator(
     with LiveBytesTracker(after_op=lambda name, live: ran.append((name, live))):
         training_step(wrapped, inputs, 0)
     line = plan.timeline(schedule)
-    graphs = [c.graph for c in plan._captured]
+    graphs = plan.capture()
     predicted = []
     for label, live in zip(line.labels, line.steps, strict=True):
         if "autograd:" not in label:  # not a graph's operator: a copy autograd makes
