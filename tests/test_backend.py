@@ -429,13 +429,19 @@ def test_a_step_of_two_graphs_is_predicted_to_the_byte():
     # nothing where they are views (267,280 under), and the user's output and its tangent
     # forgotten during the first graph's backward (8,192 under). catches: any of the four
     torch.manual_seed(0)
-    model, x = _HandedOverAndSaved(), torch.randn(256, 32)
+    _verified_to_the_byte(_HandedOverAndSaved(), torch.randn(256, 32), graphs=2)
+
+
+def _verified_to_the_byte(model: nn.Module, x: torch.Tensor, graphs: int):
+    """Plan `model` without recomputation: it must make `graphs` graphs and verify, its peak
+    predicted to the byte. Returns the planner and the schedule."""
     plan = explorer.Planner(model, x)
     schedule = plan.baseline()
-    assert len(schedule.graphs) == 2
+    assert len(schedule.graphs) == graphs
     report = schedule.verify()
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
     assert report.ok and peak.measured == peak.predicted, report.format_table()
+    return plan, schedule
 
 
 class _ThreeGraphs(nn.Module):
@@ -475,15 +481,10 @@ def test_every_operator_of_a_three_graph_step_is_predicted_to_the_byte():
     # graph's gradients for the first graph's tensors forgotten in the second's backward.
     # catches: any one of the nine (each undone was checked)
     torch.manual_seed(0)
-    model, x = _ThreeGraphs(), torch.randn(512, 32)
-    plan = explorer.Planner(model, x)
-    schedule = plan.baseline()
-    assert len(schedule.graphs) == 3
+    x = torch.randn(512, 32)
+    plan, schedule = _verified_to_the_byte(_ThreeGraphs(), x, graphs=3)
     wrong = [row for row in live_bytes_by_operator(plan, schedule, (x,)) if row[1] != row[2]]
     assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
-    report = schedule.verify()
-    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
-    assert report.ok and peak.measured == peak.predicted, report.format_table()
 
 
 class _TwoConvHalves(nn.Module):
