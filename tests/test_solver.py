@@ -28,6 +28,7 @@ from explorer.solvers.milp import MilpResult, Relaxation, StepMilp
 from explorer.solvers.refine import (
     FRUITLESS,
     LEAN_WINDOW_SECONDS,
+    LEVELS,
     REACHES,
     WINDOW_SECONDS,
     Refined,
@@ -876,9 +877,9 @@ def test_least_peak_windows_begin_where_the_peak_is_and_budget_windows_where_tim
     windows: list[list[str]] = [[] for _ in range(48)]
     windows[2] = windows[3] = ["a"]
     refiner = Refiner(milp, _recomputing)
-    first = refiner._window_starts(windows, 16, lean=True)[0]
+    first = refiner._window_starts(windows, 16, lean=True, shifted=False)[0]
     assert first <= 37 < first + 16
-    first = refiner._window_starts(windows, 8, lean=False)[0]
+    first = refiner._window_starts(windows, 8, lean=False, shifted=False)[0]
     assert first <= 2 and 3 < first + 8
 
 
@@ -922,8 +923,14 @@ def test_a_window_is_not_run_again_from_the_schedule_it_started_from():
     refined = Refiner(milp, evaluate, whole_runs=False).fastest(100, evaluate(milp.windows()), 30)
     assert refined.schedule.recomputed == ["a"]
     assert len(milp.started) == len(set(milp.started))
-    windows = len({first for first, _, _ in milp.started})
-    assert len(milp.started) == 1 + windows * len(REACHES)  # the first, again from the new one
+    starts = {first for first, _, _ in milp.started}
+    assert starts == set(range(0, 20, 4)) | set(range(2, 20, 4))  # shifted by a quarter too
+    # every level runs its five windows once; the first again from the new schedule
+    assert len(milp.started) == 1 + 5 * len(LEVELS)
+    # each reach meets both the usual windows and the shifted ones (sample:unet: only the
+    # window at stage 50 of 62, reach 4, found the optimum at 0.584 of the activations)
+    met = {(reach, first % 4 == 2) for first, reach, _ in milp.started}
+    assert met == {(reach, shifted) for reach in REACHES for shifted in (False, True)}
 
 
 def _point(peak: int) -> FrontPoint:
