@@ -787,8 +787,11 @@ def _makers_read(milp, i: int) -> set[str]:
 
 
 class _WideMilp(_FruitlessMilp):
-    """A stand-in on which only a window of reach 4 finds something (recomputing "a"): it
-    records the reach of every window run."""
+    """A stand-in of 8 stages (one window a level, shifted or not) on which only a window of
+    reach 4 finds something (recomputing "a"): it records the reach of every window run."""
+
+    n = 8
+    stages = [0] * 8  # every stage reads the one list of the stand-in's schedules
 
     def __init__(self) -> None:
         super().__init__()
@@ -807,7 +810,9 @@ def test_windows_widen_only_when_narrow_ones_find_nothing():
     milp = _WideMilp()
     refined = Refiner(milp, _faster_with_a, learn=False).fastest(100, _faster_with_a([[]]), 60)
     assert refined.schedule.recomputed == ["a"]
-    assert milp.reaches == [2, 4, 4, None]
+    # the levels in turn: the second (reach 4, shifted) finds "a" and runs again from it
+    assert milp.reaches == [2, 4, 4, None, 2, 4, None]
+    assert [reach for reach, _ in LEVELS] == [2, 4, None, 2, 4, None]
 
 
 def test_a_fastest_search_first_drops_the_recomputations_it_can_do_without():

@@ -415,8 +415,10 @@ class Refiner:
         (`lean`), those holding the highest stage first (the peak comes down only where it
         is reached); then those where the schedule recomputes (where time can be won back)."""
         n, step = self.milp.n, width // 2
-        offset = width // 4 if shifted else 0
-        starts = list(range(offset, max(n - step, offset + 1), step))
+        if shifted:  # none where one window from stage 0 holds every stage
+            starts = list(range(width // 4, n - step, step))
+        else:
+            starts = list(range(0, max(n - step, 1), step))
         busy = {i for i, t in enumerate(self.milp.stages) if windows[t]}
         highs = self.milp.stage_highs(windows) if lean else [0.0] * n
 
