@@ -12,7 +12,8 @@ is what finds most on a transformer's step); and CBC on the whole model again fr
 schedule for the last quarter, which may prove it. A window first re-decides only the
 operators near what its stages read, and is widened only when a pass over the windows finds
 nothing: a narrow window is a CBC run several times cheaper, so a budget's seconds go further.
-Then the windows' edges move by a quarter of their width, and each reach is tried again there.
+From one level to the next the windows' edges also move by a quarter of their width, so that
+each reach meets both sets of edges.
 A refiner learns from its own runs: once CBC on the whole model has found nothing twice in a
 row for an objective (neither a better schedule nor a proof), later searches for it give that
 time to the windows, and try the whole model again only when the windows stall (the exact
