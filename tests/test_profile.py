@@ -10,6 +10,7 @@ from helpers import planner
 
 import explorer
 import explorer.profile
+from explorer.capture import capture
 from explorer.errors import UserError
 from explorer.graph import PLACEHOLDER
 from explorer.profile import StepProfile
@@ -38,7 +39,7 @@ def test_operators_are_timed_inside_whole_runs_of_the_step(profiled, monkeypatch
     # timed alone, back to back, operators read up to ten times off their cost in the step.
     # catches: timing each operator on its own (its calls in a row)
     plan, _ = profiled
-    (captured,) = plan._captured
+    (captured,) = capture(plan.model, plan.example_inputs)
     calls: list[str] = []
     table = explorer.profile.op_table
 
