@@ -28,8 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.small_graphs import SMALL_GRAPHS  # noqa: E402
+from explorer.graph import Graph  # noqa: E402
 from explorer.models import build  # noqa: E402
 from explorer.planner import Planner  # noqa: E402
+from explorer.profile import Profile  # noqa: E402
+from explorer.schedule import GraphSchedule  # noqa: E402
 from explorer.solvers.refine import lp_bound  # noqa: E402
 from explorer.solvers.registry import make_solver  # noqa: E402
 from explorer.sweep import HOLE, hole_budgets, sweep_budgets, wide_holes  # noqa: E402
@@ -105,23 +108,24 @@ def measure(spec: str, batch: int, size: int, points: int, exact_seconds: float)
 class Reference:
     """The exact reference: two exact solvers on the same profile, one also started from
     `known` (the default's answers), one from the table only; each budget's answer is the
-    faster of theirs (`last` keeps both), the least peak the lower."""
+    faster of theirs, the proven one on a tie (`last` keeps both), the least peak the lower."""
 
-    def __init__(self, graph, profile, seconds: float, known: list) -> None:
+    def __init__(
+        self, graph: Graph, profile: Profile, seconds: float, known: list[GraphSchedule]
+    ) -> None:
         self.seeded = make_solver("exact", graph, profile, time_limit=seconds)
         for schedule in known:
             self.seeded.answers.add(schedule)
         self.fresh = make_solver("exact", graph, profile, time_limit=seconds)
-        self.last: tuple = ()
+        self.last: tuple[GraphSchedule, ...] = ()
 
-    def solve(self, budget: int):
+    def solve(self, budget: int) -> GraphSchedule:
         self.last = (self.seeded.solve(budget), self.fresh.solve(budget))
-        return min(self.last, key=lambda s: s.predicted_seconds)
+        return min(self.last, key=lambda s: (s.predicted_seconds, s.status != "optimal"))
 
-    def minimum(self):
-        return min(
-            (self.seeded.minimum(), self.fresh.minimum()), key=lambda s: s.predicted_peak_bytes
-        )
+    def minimum(self) -> GraphSchedule:
+        both = (self.seeded.minimum(), self.fresh.minimum())
+        return min(both, key=lambda s: (s.predicted_peak_bytes, s.status != "optimal"))
 
 
 def check_holes(front: list, default, exact, fixed: int, activations: int) -> list[dict]:
