@@ -184,6 +184,7 @@ class Solver:
         self.refiner: Refiner | None = None
         self.minimum_effort = minimum_effort
         self.share = float("inf")  # a budget's share of the time left (see `pace`)
+        self.in_holes = False  # whether the next budgets lie in holes of the front (`pace`)
         flat = [o for opts in self.options for o in opts]
         self.setup = SetupReport(
             stages=len(self.chain.stages),
@@ -436,10 +437,13 @@ class Solver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
-    def pace(self, budgets: int) -> None:
+    def pace(self, budgets: int, in_holes: bool = False) -> None:
         """`budgets` budgets (this one included) may still be asked: each gets an equal
-        share of the refinement time left, at most `refine_seconds`."""
+        share of the refinement time left, at most `refine_seconds`. `in_holes`: they lie in
+        holes of the front (searches there lead with CBC on the whole model: explorer.
+        solvers.refine.HOLE_FIRST_SHARE)."""
         self.share = self.refine_left / max(budgets, 1)
+        self.in_holes = in_holes
 
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
         """Spend the refinement time a sweep left unused on lower bounds at solved `budgets`
@@ -503,7 +507,8 @@ class Solver:
             # at the least peak known, the start is the least-peak search's, found without
             # counting time: drop what it need not recompute first
             drop = budget <= self.answers.lowest().predicted_peak_bytes
-            refined = self._refiner().fastest(budget, start, self._refine_time(effort), drop)
+            seconds = self._refine_time(effort)
+            refined = self._refiner().fastest(budget, start, seconds, drop, self.in_holes)
             self.refine_left -= time.perf_counter() - started
             self.answers.add(refined.schedule)
             label = (refined.optimal, refined.bound)

@@ -282,9 +282,9 @@ class StepSolver:
             self.fixed_bytes,
         )
 
-    def pace(self, budgets: int) -> None:
+    def pace(self, budgets: int, in_holes: bool = False) -> None:
         for solver in self.solvers:
-            solver.pace(budgets)
+            solver.pace(budgets, in_holes)
 
     def swept(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep solved: kept for a single graph only (a step of

@@ -26,7 +26,9 @@ from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
 from explorer.solvers import cbc
 from explorer.solvers.milp import MilpResult, Relaxation, StepMilp
 from explorer.solvers.refine import (
+    FASTEST,
     FRUITLESS,
+    HOLE_FIRST_SHARE,
     LEAN_WINDOW_SECONDS,
     LEVELS,
     REACHES,
@@ -37,7 +39,14 @@ from explorer.solvers.refine import (
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
 from explorer.step import StepSolver
-from explorer.sweep import FrontPoint, _hole_budget, hole_budgets, sweep_budgets, wide_holes
+from explorer.sweep import (
+    LOWER_ASKS,
+    FrontPoint,
+    _hole_budget,
+    hole_budgets,
+    sweep_budgets,
+    wide_holes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +283,7 @@ def test_a_sweep_spends_the_time_it_left_on_bounds_for_unknown_gaps(cnn, tmp_pat
     # time before its LP stay labelled "gap unknown" (UNet: 6 of 12 budgets, 8 to 12 s of
     # its 45 left), a bound that is not a bound (above the budget's own LP), and labels a
     # second sweep of the same profile forgets
-    monkeypatch.setattr(Refiner, "fastest", lambda r, b, s, t, drop: Refined(s, False, None))
+    monkeypatch.setattr(Refiner, "fastest", lambda r, b, s, t, *_: Refined(s, False, None))
     graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
     path = tmp_path / "solver_cache.json"
     solver = make_solver("chain", graph, profile, cache=path, refine_total=30.0)
@@ -306,7 +315,7 @@ def test_a_sweep_whose_searches_solve_no_lp_labels_its_points_in_extra_time(
     graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
     solver = make_solver("chain", graph, profile, refine_total=30.0)
 
-    def every_second_spent(refiner, budget, start, seconds, drop):
+    def every_second_spent(refiner, budget, start, seconds, *_):
         refiner.fruitless["fastest"] = FRUITLESS if given_up else 0
         solver.refine_left = 0.0
         return Refined(start, False, None)
@@ -350,6 +359,7 @@ class _GrowingStaircase:
         self.steps = steps  # the peaks it can reach (ascending)
         self.baseline = Schedule(graphs=[], predicted_peak_bytes=1000, predicted_seconds=1.0)
         self.memory: dict[int, list[int]] = {}
+        self.paced: list[bool] = []  # each pace's in_holes
 
     def minimum(self) -> Schedule:
         return self.solve(self.steps[0])
@@ -361,8 +371,8 @@ class _GrowingStaircase:
         found.baseline_seconds, found.budget_bytes = 1.0, budget
         return found
 
-    def pace(self, budgets: int) -> None:
-        pass
+    def pace(self, budgets: int, in_holes: bool = False) -> None:
+        self.paced.append(in_holes)
 
     def lowest_known(self) -> int:
         return self.steps[0]
@@ -399,14 +409,33 @@ def test_a_sweep_asks_a_lower_peak_found_after_its_minimum():
         asked.append(budget)
         if len(asked) == 2:
             solver.steps = [50, 100, 900]  # that search passed a lower peak
+        if budget == 50:
+            solver.steps = [20, 50, 100, 900]  # and so did the search at that peak
         return solve(budget)
 
     solver.solve = found_lower  # type: ignore[method-assign]
     front = sweep_budgets(solver, 4)
-    assert asked[-1] == 50 and front[0].predicted_peak_bytes == 50
+    assert asked[-2:] == [50, 20] and front[0].predicted_peak_bytes == 20
     first, asked[:] = list(asked), []
     sweep_budgets(solver, 4)
-    assert asked[1:] == first[1:]  # after its minimum, the second sweep asks it too
+    assert asked[1:] == first[1:]  # after its minimum, the second sweep asks them too
+
+
+def test_a_sweep_asks_lower_peaks_found_on_the_way_a_few_times_at_most():
+    # catches: a sweep that never ends while each search at the least peak passes lower
+    solver = _GrowingStaircase([500, 900])
+    asked: list[int] = []
+    solve = solver.solve
+
+    def always_lower(budget: int) -> Schedule:
+        asked.append(budget)
+        solver.steps = [solver.steps[0] - 1, *solver.steps]
+        return solve(budget)
+
+    solver.solve = always_lower  # type: ignore[method-assign]
+    sweep_budgets(solver, 4)
+    lower = [b for b in asked if b < 500]
+    assert len(lower) == LOWER_ASKS and lower == sorted(lower, reverse=True)
 
 
 def test_a_second_sweep_asks_the_budgets_the_first_asked():
@@ -423,6 +452,25 @@ def test_a_second_sweep_asks_the_budgets_the_first_asked():
     assert asked == first
 
 
+def test_a_sweep_tells_the_solver_which_budgets_lie_in_holes():
+    # catches: a hole's budgets searched like the evenly spaced ones, windows only once
+    # whole-model runs stopped paying off, which is what left the hole (vgg16 b176 224 px:
+    # 10 points, holes 14% of the range wide; a whole-model run found a point in three)
+    solver = _GrowingStaircase([100, 900])
+    asked: list[tuple[int, bool]] = []
+    solve = solver.solve
+    solver.minimum = lambda: solve(100)  # type: ignore[method-assign]
+
+    def recorded(budget: int) -> Schedule:
+        asked.append((budget, solver.paced[-1]))
+        return solve(budget)
+
+    solver.solve = recorded  # type: ignore[method-assign]
+    sweep_budgets(solver, 4)
+    assert asked[:4] == [(b, False) for b in (100, 400, 700, 1000)]
+    assert len(asked) > 4 and all(in_hole for _, in_hole in asked[4:])
+
+
 def test_the_least_peak_gets_more_search_than_a_budget_unless_the_limit_is_per_budget(
     cnn, monkeypatch
 ):
@@ -437,7 +485,7 @@ def test_the_least_peak_gets_more_search_than_a_budget_unless_the_limit_is_per_b
     monkeypatch.setattr(
         Refiner,
         "fastest",
-        lambda r, b, s, t, drop=False: given.append(("fast", t)) or fastest(r, b, s, t, drop),
+        lambda r, b, s, t, *flags: given.append(("fast", t)) or fastest(r, b, s, t, *flags),
     )
     graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
     make_solver("chain", graph, profile).minimum()
@@ -456,10 +504,10 @@ def test_a_sweep_spreads_its_search_time_over_every_budget_with_one_refiner(cnn,
     refiners: set[int] = set()
     fastest = Refiner.fastest
 
-    def recorded(r: Refiner, b: int, s: GraphSchedule, t: float, drop: bool = False):
+    def recorded(r: Refiner, b: int, s: GraphSchedule, t: float, *flags: bool):
         given.append((b, t))
         refiners.add(id(r))
-        return fastest(r, b, s, t, drop)
+        return fastest(r, b, s, t, *flags)
 
     monkeypatch.setattr(Refiner, "fastest", recorded)
     solver = make_solver("chain", cnn.capture()[0], cnn.profile().graphs[0], refine_total=12.0)
@@ -581,6 +629,37 @@ def test_refiner_stops_whole_model_runs_that_find_nothing(learn):
     assert milp.runs["rins"] == (1 if learn else 4)
     assert milp.runs["lp"] == 4
     assert milp.runs["window"] >= 4
+
+
+class _LimitsMilp(_FruitlessMilp):
+    """A stand-in on which CBC finds nothing: it records each whole-model run's limit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.whole_limits: list[float] = []
+
+    def run(self, time_limit, start=None, free=None, reach=None) -> MilpResult:
+        if free is None:
+            self.whole_limits.append(time_limit)
+        return super().run(time_limit, start, free, reach)
+
+
+def test_a_search_in_a_hole_leads_with_the_whole_model_even_once_it_stopped_paying_off():
+    # catches: a budget inside a hole of the front searched with windows only because
+    # whole-model runs found nothing at the least peak: vgg16 b176 224 px kept holes 14% of
+    # its range wide, where a whole-model run of 1.2 to 2.9 s finds and proves a point
+    milp = _LimitsMilp()
+    refiner = Refiner(milp, _recomputing)
+    for _ in range(2):
+        refiner.fastest(100, _recomputing([["a"]]), 0.9)
+    assert not refiner.worth_whole_runs(FASTEST)
+    runs = len(milp.whole_limits)
+    refiner.fastest(100, _recomputing([["a"]]), 0.9)
+    assert len(milp.whole_limits) == runs  # elsewhere: windows only
+    refiner.fastest(100, _recomputing([["a"]]), 2.0, in_hole=True)
+    # first, with most of its time (these runs take none, so the windows stall and the
+    # whole model is tried again with what is left)
+    assert milp.whole_limits[runs] == pytest.approx(HOLE_FIRST_SHARE * 2.0, abs=0.05)
 
 
 class _SlowStartMilp(_FruitlessMilp):
@@ -854,9 +933,9 @@ def test_the_solver_drops_first_only_at_its_least_peak(cnn, monkeypatch):
     asked: list[tuple[int, bool]] = []
     fastest = Refiner.fastest
 
-    def recorded(self, budget, start, seconds, drop=False):
+    def recorded(self, budget, start, seconds, drop=False, in_hole=False):
         asked.append((budget, drop))
-        return fastest(self, budget, start, seconds, drop)
+        return fastest(self, budget, start, seconds, drop, in_hole)
 
     monkeypatch.setattr(Refiner, "fastest", recorded)
     solver = make_solver("chain", graph, profile, refine_seconds=0.5)
@@ -999,7 +1078,7 @@ def test_every_schedule_a_search_simulates_is_kept_among_the_answers(monkeypatch
     unknown = next(s for s in found if not dominated(s))
     lowest = solver.known()[0].predicted_peak_bytes
 
-    def fastest(refiner, budget, start, seconds, drop=False) -> Refined:
+    def fastest(refiner, budget, start, seconds, *_) -> Refined:
         refiner.keep(refiner.simulate(solver.space.windows_of(unknown)))  # taken on the way
         return Refined(start, False, None)
 
