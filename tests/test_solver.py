@@ -945,6 +945,29 @@ def test_the_solver_drops_first_only_at_its_least_peak(cnn, monkeypatch):
     assert all(not drop for _, drop in asked[1:]) and len(asked) == 2
 
 
+def test_a_step_paced_in_holes_searches_its_budgets_as_in_a_hole(cnn, monkeypatch):
+    # catches: the sweep's word that its budgets lie in holes lost on the way from the step
+    # (what Planner.sweep paces) to the refiner, whose searches there would run windows only
+    graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
+    holes: list[bool] = []
+    fastest = Refiner.fastest
+
+    def recorded(self, budget, start, seconds, drop=False, in_hole=False):
+        holes.append(in_hole)
+        return fastest(self, budget, start, seconds, drop, in_hole)
+
+    monkeypatch.setattr(Refiner, "fastest", recorded)
+    solver = make_solver("chain", graph, profile, refine_seconds=0.5)
+    step = StepSolver([graph], [solver], graph.static_bytes())
+    lowest = step.minimum().predicted_peak_bytes
+    high = step.baseline.predicted_peak_bytes
+    step.pace(2)
+    step.solve((2 * lowest + high) // 3)
+    step.pace(1, in_holes=True)
+    step.solve((lowest + 2 * high) // 3)
+    assert holes == [False, False, True]
+
+
 def test_least_peak_windows_begin_where_the_peak_is_and_budget_windows_where_time_goes():
     # catches: the least-peak search starting with windows far from its highest stage, where
     # the peak cannot come down (resnet50 b8 128 px in 3 s: 0.2275 of the activations, 0.2133
