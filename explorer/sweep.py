@@ -183,6 +183,19 @@ def sweep_budgets(
     profile before (its cache) is asked the budgets it was asked then. Before each budget the
     solver is told how many may follow, so that its search time lasts to the last one; what
     is left at the end buys lower bounds for the points whose gap is still unknown."""
+    try:
+        return _sweep(solver, points, progress, on_point, cancel)
+    finally:  # a budget asked after the sweep (the dashboard's slider) stands on its own
+        solver.pace(1)
+
+
+def _sweep(
+    solver: Solver,
+    points: int,
+    progress: ProgressFn | None,
+    on_point: Callable[[FrontPoint], None] | None,
+    cancel: CancelToken | None,
+) -> list[FrontPoint]:
     if points < 2:
         raise UserError("a sweep needs at least 2 points")
     total = points + points // 2

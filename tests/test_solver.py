@@ -17,9 +17,10 @@ from ir_graphs import StepBuilder, brute_force, chain_step, random_step
 
 from explorer import solve
 from explorer.chain import build_chain
-from explorer.errors import UserError
+from explorer.errors import Cancelled, UserError
 from explorer.graph import BACKWARD
 from explorer.profile import Profile
+from explorer.progress import CancelToken
 from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
@@ -469,6 +470,28 @@ def test_a_sweep_tells_the_solver_which_budgets_lie_in_holes():
     sweep_budgets(solver, 4)
     assert asked[:4] == [(b, False) for b in (100, 400, 700, 1000)]
     assert len(asked) > 4 and all(in_hole for _, in_hole in asked[4:])
+
+
+def test_a_budget_asked_after_a_sweep_is_not_searched_as_in_a_hole():
+    # catches: the last hole budget's pacing outliving the sweep (the dashboard's slider,
+    # asked after a sweep, then leads every search with CBC on the whole model), also when
+    # the sweep is cancelled inside a hole
+    solver = _GrowingStaircase([100, 900])
+    sweep_budgets(solver, 4)
+    assert True in solver.paced and solver.paced[-1] is False
+    cancel = CancelToken()
+    solve = solver.solve
+
+    def cancelled_in_a_hole(budget: int) -> Schedule:
+        if solver.paced[-1]:
+            cancel.cancel()
+        return solve(budget)
+
+    solver.solve = cancelled_in_a_hole  # type: ignore[method-assign]
+    solver.memory.clear()
+    with pytest.raises(Cancelled):
+        sweep_budgets(solver, 4, cancel=cancel)
+    assert solver.paced[-2:] == [True, False]
 
 
 def test_the_least_peak_gets_more_search_than_a_budget_unless_the_limit_is_per_budget(
