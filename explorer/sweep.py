@@ -227,11 +227,11 @@ def _sweep(
         solve(budget)
     if remembered is None:
         for k in range(points // 2):
-            holes = _open_holes(pareto(solved), high - low, tried)
-            if not holes:
+            budget = _hole_budget(pareto(solved), high - low, tried)
+            if budget is None:
                 break
-            solver.pace(min(points // 2 - k, len(holes)), in_holes=True)
-            solve(holes[0])
+            solver.pace(points // 2 - k, in_holes=True)
+            solve(budget)
         lowest = solver.lowest_known()
         for _ in range(LOWER_ASKS):  # a search found a lower peak than the last asked: ask it
             if lowest >= low:
@@ -277,19 +277,16 @@ def hole_budgets(lower: FrontPoint, upper: FrontPoint) -> tuple[int, int]:
     return (lo + hi) // 2, hi - 1
 
 
-def _open_holes(front: list[FrontPoint], span: int, tried: set[int]) -> list[int]:
-    """Per hole wider than HOLE of the span, widest first, a budget inside it that no budget
-    asked before covers (holes all of whose budgets are covered are left out). A budget
-    asked inside a hole covers every budget under it there: its answer found nothing faster
-    than the hole's lower end up to it (gpt_2_layers asked the middle of one hole three
-    times as new points lowered its upper end: all six of its extra budgets went there,
-    where three now do). Their number paces the searches: time is not kept for asks that
-    no hole is left to make."""
-    budgets = []
+def _hole_budget(front: list[FrontPoint], span: int, tried: set[int]) -> int | None:
+    """A budget inside the widest hole that no budget asked before covers; None when no hole
+    is wider than HOLE of the span. A budget asked inside a hole covers every budget under
+    it there: its answer found nothing faster than the hole's lower end up to it (gpt_2_layers
+    asked the middle of one hole three times as new points lowered its upper end: all six
+    of its extra budgets went there, where three now do)."""
     for lower, upper in wide_holes(front, span):
         lo, hi = lower.predicted_peak_bytes, upper.predicted_peak_bytes
         asked = [t for t in tried if lo <= t < hi]
-        budget = next((b for b in hole_budgets(lower, upper) if all(t < b for t in asked)), None)
-        if budget is not None:
-            budgets.append(budget)
-    return budgets
+        for budget in hole_budgets(lower, upper):
+            if all(t < budget for t in asked):
+                return budget
+    return None
