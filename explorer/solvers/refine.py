@@ -78,8 +78,9 @@ RINS_SHARE = 0.25  # share of the time left for RINS ...
 RINS_SECONDS = 1.0  # ... at most
 # ... in the least-peak search: RINS's sub-model there is solved whole in about 1.2 s of CBC
 # (gpt_2_layers), and where a second stopped it first the least peak, which every budget of
-# a sweep is spaced from and searched after, was 0.358 of the activations, not 0.345, in half
-# of the sweeps (0 of 4 runs found it with 0.7 s, 10 of 11 with 1 s alone, 4 of 4 with 1.5 s)
+# a sweep is spaced from and searched after, was 0.358 of the activations, not 0.345, in 9 of
+# 20 sweeps (timed alone, RINS found it in 0 of 4 runs with 0.7 s, 10 of 11 with 1 s, 8 of 8
+# with 1.25 s, 6 of 6 with 1.5 or 2 s; 10 of 10 sweeps of that profile since)
 LEAN_RINS_SHARE = 0.5
 LEAN_RINS_SECONDS = 2.0
 WHOLE_SHARE = 0.25  # share of the time left after RINS kept for CBC on the whole model last
