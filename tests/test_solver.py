@@ -989,6 +989,29 @@ def test_the_drop_goes_on_past_half_the_search_while_its_moves_pay(monkeypatch):
     assert refined.schedule.recomputed == []  # all eight moves: 0.8 of the search
 
 
+def test_the_drop_passes_again_only_after_a_pass_that_kept_enough_of_its_moves():
+    # catches: a pass over every move left after one that kept almost none (sample:gpt b8
+    # 256 px: 2 of 146 moves, then 0 of 144, 1.8 s each, which the windows then lacked)
+    simulated: list[list[str]] = []
+    names = [chr(ord("a") + k) for k in range(20)]
+
+    def schedule(windows) -> GraphSchedule:
+        """Only "a" may go: without any other recomputation the peak is over the budget."""
+        simulated.append(windows[0])
+        found = _recomputing(windows, seconds=1.0 + len(windows[0]))
+        found.predicted_peak_bytes = 50 if set(names[1:]) <= set(windows[0]) else 150
+        return found
+
+    milp = _FruitlessMilp()
+    milp.seconds = {name: 20.0 - k for k, name in enumerate(names)}  # "a" the costliest
+    refiner = Refiner(milp, schedule, whole_runs=False)
+    start = schedule([names])
+    simulated.clear()
+    refined = refiner.fastest(100, start, 8.0, drop=True)
+    assert refined.schedule.recomputed == names[1:]
+    assert len(simulated) == 20  # one pass: it kept 1 of its 20 moves
+
+
 def test_a_search_whose_drop_took_all_its_time_forks_no_window_worker(monkeypatch):
     # catches: a worker forked (and ended) for windows there is no time left to run
     now = [0.0]
