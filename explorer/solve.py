@@ -59,16 +59,18 @@ MINIMUM_EFFORT = 2.0
 # activations in 8 s, 0.240 in 16 s, 0.238 in 30 s), and the front's range hangs on it
 WINDOWED_LEAST_EFFORT = 2 * MINIMUM_EFFORT
 REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
-# above MAX_WINDOWED_SIZE only the least peak is searched (windows), then the fastest schedule
-# at it, each for this long (at most what is left of REFINE_TOTAL): its table answers stand
-# elsewhere. Where a second core is free, a second process writes the model while the setup runs
-# and searches two windows at a time (explorer.solvers.background). resnet50 b8 128 px on two
-# cores: 0.237 of the activations at +35.1% from the table; 0.213 at +20.3% after 2.5 s and
-# 2.5 s, the second all the drop's (explorer.solvers.refine), the whole sweep in 8.8 to 10.1 s
-# over eleven runs, as noisy as the machine. With 3 s each and the drop stopped at half the
-# second, the same point cost +20.6% to +22.0% and the sweep 9.9 to 12.2 s (8 s each in one
-# process: +22.0%, 21.7 s)
-LARGE_LEAST_SECONDS = 2.5
+# above MAX_WINDOWED_SIZE only the least peak is searched (windows, LARGE_LEAST_SECONDS), then
+# the fastest schedule at it (LARGE_FASTEST_SECONDS; both scaled down to what is left of
+# REFINE_TOTAL): its table answers stand elsewhere. Where a second core is free, a second
+# process writes the model while the setup runs and searches two windows at a time
+# (explorer.solvers.background). resnet50 b8 128 px on two cores: 0.237 of the activations at
+# +35.1% from the table; 0.213 at +20.3% after 3 s and 2 s, nearly all of the second the
+# drop's first pass (explorer.solvers.refine: 1.8 s), the whole sweep in 8.7 to 10.5 s, as
+# noisy as the machine (in its slow hours the least peak stays at 0.228 whether it gets 2.5 or
+# 3 s). With 3 s and 3 s and the drop stopped at half the second, the same point cost +20.6%
+# to +22.0% and the sweep 9.9 to 12.2 s (8 s each in one process: +22.0%, 21.7 s)
+LARGE_LEAST_SECONDS = 3.0
+LARGE_FASTEST_SECONDS = 2.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
 # nor does one whose whole-step runs stopped paying off (the LP then comes after the windows,
 # which take all of a budget's time on gpt_2_layers), so its sweep ends with LPs for the
@@ -110,7 +112,7 @@ class Solver:
     on the whole MILP only when it has at most `max_refine_size` recomputation binaries
     (None: whatever its size); up to MAX_WINDOWED_SIZE, windows of it are refined; above,
     the table's answers stand but at the least peak, which windows lower first
-    (LARGE_LEAST_SECONDS each for the peak and for the fastest schedule at it)."""
+    (LARGE_LEAST_SECONDS, then LARGE_FASTEST_SECONDS for the fastest schedule at it)."""
 
     name = "chain"
 
@@ -377,14 +379,16 @@ class Solver:
 
     def _least_of_large_step(self) -> None:
         """A step too large to refine every budget: windows lower the table's least peak,
-        then look for the fastest schedule at the new one (LARGE_LEAST_SECONDS each, from
-        what is left of the refinement time, once the model is written), in the process
+        then look for the fastest schedule at the new one (LARGE_LEAST_SECONDS, then
+        LARGE_FASTEST_SECONDS, from what is left of the refinement time, once the model is
+        written), in the process
         that has been writing the model since the setup began (explorer.solvers.background)
         where there is one. Nothing is proven here, and the labels saved make a second sweep
         read the answers back."""
         background, self.background = self.background, None
-        seconds = min(LARGE_LEAST_SECONDS, self.refine_left / 2)
-        if seconds < 0.5:
+        share = min(1.0, self.refine_left / (LARGE_LEAST_SECONDS + LARGE_FASTEST_SECONDS))
+        seconds = (LARGE_LEAST_SECONDS * share, LARGE_FASTEST_SECONDS * share)
+        if seconds[0] < 0.5:
             if background is not None:
                 background.close()
             return
@@ -398,7 +402,7 @@ class Solver:
         else:  # no second process: write the model here (not the search's time), search
             self.milp.build()
             started = time.perf_counter()
-            search_least_peak(self._refiner(), self.answers, seconds)
+            search_least_peak(self._refiner(), self.answers, *seconds)
             searched = time.perf_counter() - started
         self.refine_left -= searched
         self.cache.put_label("least", False, None)

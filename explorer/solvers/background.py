@@ -44,15 +44,18 @@ GRACE_SECONDS = 10.0  # beyond the search's own seconds, for its last runs and t
 POLL_SECONDS = 0.2  # how often the parent looks at its cancel token while it waits
 
 
-def search_least_peak(refiner: Refiner, answers: Answers, seconds: float) -> None:
-    """Lower the least peak of `answers` with windows, then search the fastest schedule at
-    the new least peak, `seconds` each. The refiner should keep every schedule it takes in
-    `answers`: one on the way down may be the best at another peak."""
-    answers.add(refiner.leanest(answers.lowest(), seconds).schedule)
+def search_least_peak(
+    refiner: Refiner, answers: Answers, lean_seconds: float, fastest_seconds: float
+) -> None:
+    """Lower the least peak of `answers` with windows for `lean_seconds`, then search the
+    fastest schedule at the new least peak for `fastest_seconds`. The refiner should keep
+    every schedule it takes in `answers`: one on the way down may be the best at another
+    peak."""
+    answers.add(refiner.leanest(answers.lowest(), lean_seconds).schedule)
     lowest = answers.lowest()
     budget = lowest.predicted_peak_bytes
     start = answers.best_within(budget) or lowest
-    answers.add(refiner.fastest(budget, start, seconds, drop=True).schedule)
+    answers.add(refiner.fastest(budget, start, fastest_seconds, drop=True).schedule)
 
 
 class BackgroundSearch:
@@ -94,19 +97,19 @@ class BackgroundSearch:
         self,
         baseline: GraphSchedule,
         lowest: GraphSchedule,
-        seconds: float,
+        seconds: tuple[float, float],
         cancel: CancelToken | None,
     ) -> tuple[list[GraphSchedule], float] | None:
-        """`search_least_peak` from `lowest` (the least peak known), `seconds` each: the
-        Pareto set it ends with, and the seconds it searched; None if the child failed or
-        hung (then it is stopped)."""
+        """`search_least_peak` from `lowest` (the least peak known), with `seconds` (the
+        least peak's, the fastest schedule's): the Pareto set it ends with, and the seconds
+        it searched; None if the child failed or hung (then it is stopped)."""
         request = {"baseline": baseline.to_dict(), "lowest": lowest.to_dict(), "seconds": seconds}
         try:
             if not self._wait(BUILD_SECONDS, cancel):  # the model is written
                 return None
             self.conn.recv_bytes()
             self.conn.send_bytes(json.dumps(request).encode())
-            if not self._wait(2 * seconds + GRACE_SECONDS, cancel):
+            if not self._wait(sum(seconds) + GRACE_SECONDS, cancel):
                 return None
             reply = json.loads(self.conn.recv_bytes())
             return [GraphSchedule.from_dict(d) for d in reply["known"]], float(reply["seconds"])
@@ -166,7 +169,8 @@ def _serve(milp: StepMilp, simulate: Simulate, conn: Connection) -> None:
         return simulate(windows, baseline.predicted_seconds)
 
     refiner = Refiner(milp, simulated, answers.add, whole_runs=False, parallel=True)
-    search_least_peak(refiner, answers, float(asked["seconds"]))
+    lean_seconds, fastest_seconds = map(float, asked["seconds"])
+    search_least_peak(refiner, answers, lean_seconds, fastest_seconds)
     reply = {
         "known": [s.to_dict() for s in answers.points],
         "seconds": time.perf_counter() - started,

@@ -364,7 +364,7 @@ class Refiner:
         time) went from +289% to +29% in 1.9 s, where 8 s of windows reached +60%. It may
         take the whole search: on resnet50 b8 128 px its first pass takes 1.8 s, and the
         windows after it did less (stopped at half of 3 s it reached +20.7%, and 1.5 s of
-        windows +20.6%; in all of 2.5 s, +20.3%)."""
+        windows +20.6%; given 2 s or more, +20.3%)."""
         kept_share = 1.0
         while kept_share >= DROP_AGAIN_SHARE:
             windows = current()
