@@ -381,10 +381,9 @@ class Solver:
         """A step too large to refine every budget: windows lower the table's least peak,
         then look for the fastest schedule at the new one (LARGE_LEAST_SECONDS, then
         LARGE_FASTEST_SECONDS, from what is left of the refinement time, once the model is
-        written), in the process
-        that has been writing the model since the setup began (explorer.solvers.background)
-        where there is one. Nothing is proven here, and the labels saved make a second sweep
-        read the answers back."""
+        written), in the process that has been writing the model since the setup began
+        (explorer.solvers.background) where there is one. Nothing is proven here, and the
+        labels saved make a second sweep read the answers back."""
         background, self.background = self.background, None
         share = min(1.0, self.refine_left / (LARGE_LEAST_SECONDS + LARGE_FASTEST_SECONDS))
         seconds = (LARGE_LEAST_SECONDS * share, LARGE_FASTEST_SECONDS * share)
