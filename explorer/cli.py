@@ -182,8 +182,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     update, close = _tqdm_progress("sweep")
     printed: dict[int, float] = {}  # id of each point printed: the gap it showed
+    budgets: set[int] = set()  # of the points printed
 
     def row(point) -> None:
+        if point.budget_bytes in budgets and id(point) not in printed:
+            print("  faster within that budget, found by a later search:")
+        budgets.add(point.budget_bytes)
         printed[id(point)] = point.gap
         print(
             f"{format_bytes(point.budget_bytes):>12} "

@@ -442,6 +442,11 @@ class Solver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
+    def recall(self, budget_bytes: int) -> GraphSchedule:
+        """A budget solved before, answered again from every schedule found since, without a
+        search (a budget's search is made once: its label is kept)."""
+        return self.solve(budget_bytes)
+
     def pace(self, budgets: int, in_holes: bool = False) -> None:
         """`budgets` budgets (this one included) may still be asked: each gets an equal
         share of the refinement time left, at most `refine_seconds`. `in_holes`: they lie in

@@ -265,6 +265,12 @@ class StepSolver:
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
 
+    def recall(self, budget_bytes: int) -> Schedule | None:
+        """A budget solved before, answered again from every schedule found since, without a
+        search (Solver.recall); None for several graphs, whose budgets are shared out anew
+        (asked again, each graph may get a budget it never searched)."""
+        return self.solve(budget_bytes) if len(self.solvers) == 1 else None
+
     def _solve_one(self, budget_bytes: int) -> GraphSchedule:
         """The single graph's answer within a step budget, refused in the step's bytes."""
         try:

@@ -240,11 +240,28 @@ def _sweep(
             solver.pace(1)
             solve(lowest)
             low, lowest = lowest, solver.lowest_known()
+        _answer_again(solver, solved, on_point)
         report(progress, len(solved), total, "lower bounds for the unknown gaps")
         _label_unknown_gaps(solver, solved)
         solver.remember_sweep(points, [p.budget_bytes for p in solved])
     report(progress, total, total, "done")
     return pareto(solved)
+
+
+def _answer_again(
+    solver: Solver, solved: list[FrontPoint], on_point: Callable[[FrontPoint], None] | None
+) -> None:
+    """Replace each point that a schedule found later beats within its budget (a search at
+    a higher budget often passes below it: gpt_2_layers' answer within 0.405 of its
+    activations was +16.50% when that budget was solved, and +15.65% was known when the
+    sweep ended) by the solver's answer now (`recall`: no search), so that every point is the
+    fastest schedule known within its budget, as `solve` would answer it."""
+    for k, point in enumerate(solved):
+        again = solver.recall(point.budget_bytes)
+        if again is not None and again.predicted_seconds < point.schedule.predicted_seconds:
+            solved[k] = FrontPoint.of(again)
+            if on_point is not None:
+                on_point(solved[k])
 
 
 def _label_unknown_gaps(solver: Solver, solved: list[FrontPoint]) -> None:

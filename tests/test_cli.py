@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from explorer import sweep
 from explorer.cli import main
 from explorer.errors import UserError
 from explorer.units import least_fraction, parse_budget
@@ -574,3 +575,20 @@ def test_a_front_of_one_point_is_said_so(capsys, tmp_path):
     assert len(rows) == 1
     assert "front: 1 Pareto point;" in out
     assert "no schedule found has a lower peak than no recomputation" in out
+
+
+def test_sweep_prints_a_point_answered_again_under_its_own_heading(capsys, tmp_path, monkeypatch):
+    # catches: a budget printed twice with nothing to say why (the sweep answers a budget
+    # again when a later search found a faster schedule within it: explorer.sweep)
+    def answered_again(solver, solved, on_point) -> None:
+        solved[1] = sweep.FrontPoint.of(solver.recall(solved[1].budget_bytes))
+        on_point(solved[1])
+
+    monkeypatch.setattr(sweep, "_answer_again", answered_again)
+    args = ["sweep", "--model", "sample:tiny_cnn", "--batch-size", "8", "--input-size", "32"]
+    assert main([*args, "--points", "4", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    heading = [k for k, line in enumerate(lines) if "found by a later search" in line]
+    rows = [line for line in lines if line.strip().endswith(("feasible", "optimal"))]
+    assert len(heading) == 1 and lines[heading[0] + 1] in rows
+    assert lines[heading[0] + 1].split()[:2] == rows[1].split()[:2]  # the same budget again
