@@ -10,7 +10,8 @@ forward+backward graph and hands it to our partition function, which applies the
 (explorer.partition). So everything PyTorch guards is guarded here too: a new input shape,
 dtype or stride, an input that requires grad, a layer frozen or unfrozen, BatchNorm switched
 to eval, autocast, hooks, a Python flag read by the forward: each triggers a new capture, and
-the new graph gets a plan:
+the new graph gets a plan (which parameters require grad is keyed here as well, for PyTorch
+versions whose Dynamo does not guard it; see `RematModule`):
 
 - a graph the plan was made for (same fingerprint): its schedule, exactly;
 - the same structure at other sizes (a smaller last batch, another sequence length): the same
@@ -310,7 +311,7 @@ class RematModule(nn.Module):
         backend = RematBackend(plan.graphs, plan.budget_bytes)
         # plain attributes, outside nn.Module's registry of submodules and state
         object.__setattr__(self, "backend", backend)
-        object.__setattr__(self, "_compiled", compile_call(backend))
+        object.__setattr__(self, "_compiled", {})
 
     @property
     def plans(self) -> list[GraphPlan]:
@@ -321,7 +322,27 @@ class RematModule(nn.Module):
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
         with dynamo_settings():
-            return self._compiled(self.model, *args, **kwargs)
+            return self._compiled_for_trainable()(self.model, *args, **kwargs)
+
+    def _compiled_for_trainable(self) -> Any:
+        """The compiled call for the parameters that require grad now, one per such set.
+
+        Dynamo in some PyTorch versions (2.11 among them; pytorch/pytorch#139476) does not
+        guard a parameter's `requires_grad`: a layer unfrozen after the first step kept the
+        graph captured while it was frozen and silently got no gradient. Each set gets a
+        compiled call and a backend object of its own (with one backend shared, a model with a
+        graph break still missed that gradient on 2.11); all record into one `RematBackend`.
+        Reading the flags costs about 0.4 ms a step for resnet50's 161 parameters here."""
+        trainable = tuple(p.requires_grad for p in self.model.parameters())
+        compiled = self._compiled.get(trainable)
+        if compiled is None:
+            backend = self.backend
+
+            def backend_for_this_set(gm: fx.GraphModule, example_inputs: list) -> Any:
+                return backend(gm, example_inputs)
+
+            compiled = self._compiled[trainable] = compile_call(backend_for_this_set)
+        return compiled
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
