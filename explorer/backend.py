@@ -10,8 +10,7 @@ forward+backward graph and hands it to our partition function, which applies the
 (explorer.partition). So everything PyTorch guards is guarded here too: a new input shape,
 dtype or stride, an input that requires grad, a layer frozen or unfrozen, BatchNorm switched
 to eval, autocast, hooks, a Python flag read by the forward: each triggers a new capture, and
-the new graph gets a plan (which parameters require grad is keyed here as well, for PyTorch
-versions whose Dynamo does not guard it; see `RematModule`):
+the new graph gets a plan:
 
 - a graph the plan was made for (same fingerprint): its schedule, exactly;
 - the same structure at other sizes (a smaller last batch, another sequence length): the same
@@ -283,10 +282,14 @@ def dynamo_settings() -> Iterator[None]:
     input shape adds a compiled entry for the model's forward code; past the cache limit Dynamo
     would quietly run the model eagerly, ignoring the plan, so the limit is raised and reaching
     it is an error instead. Donated buffers would forbid a second backward with
-    `retain_graph=True`."""
+    `retain_graph=True`. Dynamo skips the guards on a parameter (its `requires_grad` among
+    them) while its module's parameter dict is unchanged; in PyTorch 2.11
+    (pytorch/pytorch#139476) a layer unfrozen after the first step then kept the graph
+    captured while it was frozen and silently got no gradient, so those guards are kept."""
     with (
         torch._dynamo.config.patch(
             skip_nnmodule_hook_guards=False,
+            skip_tensor_guards_with_matching_dict_tags=False,
             recompile_limit=64,
             accumulated_recompile_limit=4096,
             fail_on_recompile_limit_hit=True,
@@ -311,7 +314,7 @@ class RematModule(nn.Module):
         backend = RematBackend(plan.graphs, plan.budget_bytes)
         # plain attributes, outside nn.Module's registry of submodules and state
         object.__setattr__(self, "backend", backend)
-        object.__setattr__(self, "_compiled", {})
+        object.__setattr__(self, "_compiled", compile_call(backend))
 
     @property
     def plans(self) -> list[GraphPlan]:
@@ -322,27 +325,7 @@ class RematModule(nn.Module):
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
         with dynamo_settings():
-            return self._compiled_for_trainable()(self.model, *args, **kwargs)
-
-    def _compiled_for_trainable(self) -> Any:
-        """The compiled call for the parameters that require grad now, one per such set.
-
-        Dynamo in some PyTorch versions (2.11 among them; pytorch/pytorch#139476) does not
-        guard a parameter's `requires_grad`: a layer unfrozen after the first step kept the
-        graph captured while it was frozen and silently got no gradient. Each set gets a
-        compiled call and a backend object of its own (with one backend shared, a model with a
-        graph break still missed that gradient on 2.11); all record into one `RematBackend`.
-        Reading the flags costs about 0.4 ms a step for resnet50's 161 parameters here."""
-        trainable = tuple(p.requires_grad for p in self.model.parameters())
-        compiled = self._compiled.get(trainable)
-        if compiled is None:
-            backend = self.backend
-
-            def backend_for_this_set(gm: fx.GraphModule, example_inputs: list) -> Any:
-                return backend(gm, example_inputs)
-
-            compiled = self._compiled[trainable] = compile_call(backend_for_this_set)
-        return compiled
+            return self._compiled(self.model, *args, **kwargs)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
