@@ -169,7 +169,13 @@ def _handoffs(
             for node, value in zip(primal_nodes, graph.primals, strict=True)
             if node.name in transient and _storage(value) in made
         )
-        graph.handoff = Handoff(transient, passed_on, sources, _handed_tangents(graph, passed_on))
+        handed = _handed_tangents(graph, passed_on)
+        graph.handoff = Handoff(transient, passed_on, sources, handed, HANDED_TANGENTS_KEPT)
+
+
+# the PyTorch running here keeps a graph's handed-over tangents through its backward
+# (AOTAutograd before 2.13; see `Handoff`)
+HANDED_TANGENTS_KEPT = torch.torch_version.TorchVersion(torch.__version__) < "2.13"
 
 
 def _handed_tangents(captured: CapturedGraph, passed_on: frozenset) -> frozenset[str]:

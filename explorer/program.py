@@ -39,12 +39,16 @@ class Handoff:
     the earlier graph and the output of it that it is (so that a step does not count it twice
     while that graph keeps it). `handed_tangents`: the tangents of passed-on outputs, which
     autograd hands over from the later graphs' backwards and nobody else holds: freed after
-    their last use here, where the user's tangents live through the whole backward."""
+    their last use here, where the user's tangents live through the whole backward, unless
+    `handed_tangents_kept`: AOTAutograd before torch 2.13 keeps every tangent of a graph
+    through that graph's backward (measured on 2.11 and 2.12: a two-graph step peaked one
+    handed-over tangent above the prediction made for 2.13 and 2.14)."""
 
     transient_inputs: frozenset[str] = frozenset()
     passed_on: frozenset[ValueRef] = frozenset()
     sources: tuple[tuple[str, int, ValueRef], ...] = ()
     handed_tangents: frozenset[str] = frozenset()
+    handed_tangents_kept: bool = False
 
 
 @dataclass
@@ -66,6 +70,9 @@ class StepProgram:
     passed_on_slots: list[int] = field(default_factory=list)  # freed when the forward ends
     # passed on, and read by the backward too: kept past the forward (the user holds neither)
     saved_passed_on: list[int] = field(default_factory=list)
+    # handed-over tangents the runtime keeps to the end of the backward, then lets go
+    # (Handoff.handed_tangents_kept)
+    handed_tangents_kept: list[int] = field(default_factory=list)
 
 
 def _slot_table(graph: Graph) -> dict[ValueRef, int]:
@@ -155,12 +162,14 @@ def compile_program(
     kept_outputs = set(outputs) - set(passed_on) - set(saved_passed_on)
     # the user's tangents (held by their caller) live through the whole backward; those of
     # outputs only later graphs read come from their backwards through autograd, which hands
-    # them over: freed after their last use here (measured)
-    held_tangents = {
+    # them over: freed after their last use here (measured), unless the runtime keeps them
+    handed = {
         slot
         for slot, node in zip(tangents, tangent_nodes, strict=True)
-        if node.name not in handoff.handed_tangents
+        if node.name in handoff.handed_tangents
     }
+    handed_kept = sorted(handed) if handoff.handed_tangents_kept else []
+    held_tangents = (set(tangents) - handed) | set(handed_kept)
     keep_bwd = set(static) | kept_outputs | held_tangents | {g for g in grads if g is not None}
     unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents) | set(bw_transient))
     return StepProgram(
@@ -177,6 +186,7 @@ def compile_program(
         frame_held,
         passed_on,
         saved_passed_on,
+        handed_kept,
     )
 
 

@@ -144,6 +144,9 @@ def simulate(
     for slot in program.unread_saved:
         mem.clear(slot)
     _run(graph, program.backward, mem, timeline, "backward", workspace)
+    for slot in program.handed_tangents_kept:  # the user never held them
+        if slot not in program.grad_slots:  # (unless returned as a gradient as they are)
+            mem.clear(slot)
     grads = {mem.storage_of_slot.get(slot) for slot in program.grad_slots if slot is not None}
     grads.discard(None)
     returned = sum(mem.bytes_of[sid] for sid in grads if mem.refs[sid] > 0)
