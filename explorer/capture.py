@@ -31,6 +31,10 @@ from explorer.modelstate import kept, tensors_in
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
 
+# the PyTorch running here keeps a graph's handed-over tangents through its backward
+# (AOTAutograd before 2.13; see `Handoff`)
+HANDED_TANGENTS_KEPT = torch.torch_version.TorchVersion(torch.__version__) < "2.13"
+
 
 @dataclass
 class CapturedGraph:
@@ -171,11 +175,6 @@ def _handoffs(
         )
         handed = _handed_tangents(graph, passed_on)
         graph.handoff = Handoff(transient, passed_on, sources, handed, HANDED_TANGENTS_KEPT)
-
-
-# the PyTorch running here keeps a graph's handed-over tangents through its backward
-# (AOTAutograd before 2.13; see `Handoff`)
-HANDED_TANGENTS_KEPT = torch.torch_version.TorchVersion(torch.__version__) < "2.13"
 
 
 def _handed_tangents(captured: CapturedGraph, passed_on: frozenset) -> frozenset[str]:
