@@ -26,7 +26,14 @@ from torch import fx, nn
 from explorer.backend import RematBackend, compile_call, dynamo_settings
 from explorer.errors import UserError, first_line
 from explorer.fxgraph import is_tangent
-from explorer.graph import PLACEHOLDER, ROLE_CONSTANT, ROLE_INPUT, ROLE_TANGENT, Graph
+from explorer.graph import (
+    PLACEHOLDER,
+    ROLE_CONSTANT,
+    ROLE_INPUT,
+    ROLE_TANGENT,
+    Graph,
+    ValueRef,
+)
 from explorer.modelstate import kept, tensors_in
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
@@ -173,24 +180,40 @@ def _handoffs(
             for node, value in zip(primal_nodes, graph.primals, strict=True)
             if node.name in transient and _storage(value) in made
         )
-        handed = _handed_tangents(graph, passed_on)
-        graph.handoff = Handoff(transient, passed_on, sources, handed, HANDED_TANGENTS_KEPT)
+        outputs = [
+            (ref, _storage(value))
+            for ref, value in zip(graph.graph.model_outputs, graph.outputs, strict=False)
+            if ref is not None and isinstance(value, torch.Tensor)
+        ]
+        # autograd makes these tangents: a later graph's gradient for an output only later
+        # graphs read, zeros for one nobody holds, the sum of the user's tangent and a later
+        # graph's gradient for one both hold
+        by_autograd = {ref for ref, storage in outputs if storage not in user or storage in later}
+        summed = {ref for ref, storage in outputs if storage in user and storage in later}
+        graph.handoff = Handoff(
+            transient,
+            passed_on,
+            sources,
+            _handed_tangents(graph, by_autograd),
+            HANDED_TANGENTS_KEPT,
+            _handed_tangents(graph, summed),
+        )
 
 
-def _handed_tangents(captured: CapturedGraph, passed_on: frozenset) -> frozenset[str]:
-    """The tangent placeholders of the outputs in `passed_on`, matched through the
+def _handed_tangents(captured: CapturedGraph, outputs: set[ValueRef]) -> frozenset[str]:
+    """The tangent placeholders of the graph's outputs in `outputs`, matched through the
     descriptions AOTAutograd (torch 2.9 on) writes on the joint graph's inputs and outputs
     (`meta["desc"]`); a tangent without one is taken as the user's (held: the safe side)."""
     joint = captured.joint.graph
-    outputs = captured.graph.model_outputs
+    model_outputs = captured.graph.model_outputs
     descs = joint.output_node().meta.get("desc") or []
-    at = {desc: k for k, desc in enumerate(descs[: len(outputs)]) if desc is not None}
+    at = {desc: k for k, desc in enumerate(descs[: len(model_outputs)]) if desc is not None}
     return frozenset(
         node.name
         for node in joint.find_nodes(op="placeholder")
         if is_tangent(node)
         and (k := at.get(getattr(node.meta.get("desc"), "output", None))) is not None
-        and outputs[k] in passed_on
+        and model_outputs[k] in outputs
     )
 
 

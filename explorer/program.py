@@ -37,9 +37,12 @@ class Handoff:
     later graphs read: freed when this graph's forward ends (the next graph counts them), unless
     this graph's schedule keeps them for its backward. `sources`: for each transient input,
     the earlier graph and the output of it that it is (so that a step does not count it twice
-    while that graph keeps it). `handed_tangents`: the tangents of passed-on outputs, which
-    autograd hands over from the later graphs' backwards and nobody else holds: freed after
-    their last use here, where the user's tangents live through the whole backward, unless
+    while that graph keeps it). `handed_tangents`: the tangents that autograd makes and hands
+    to this graph's backward, which nobody else holds: a later graph's gradient for an output
+    only later graphs read, zeros for an output nobody holds (a frame's local), and the sum of
+    the user's tangent and a later graph's gradient for an output both hold (its name also in
+    `user_tangents_too`: the user's own tangent is alive beside it). Freed after their last use
+    here, where the user's tangents live through the whole backward, unless
     `handed_tangents_kept`: AOTAutograd before torch 2.13 keeps every tangent of a graph
     through that graph's backward (measured on 2.11 and 2.12: a two-graph step peaked one
     handed-over tangent above the prediction made for 2.13 and 2.14)."""
@@ -49,6 +52,7 @@ class Handoff:
     sources: tuple[tuple[str, int, ValueRef], ...] = ()
     handed_tangents: frozenset[str] = frozenset()
     handed_tangents_kept: bool = False
+    user_tangents_too: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -10,13 +10,16 @@ graphs read (`Handoff`) is counted once: by its maker while the maker keeps it f
 backward, else by an earlier reader that saves it, else by its first reader. The Python frames
 between the graphs hold it until the model's forward returns; after that only a graph that
 saves it keeps it. Its tangent comes from the later backwards through autograd, which hands it
-over: freed after its last use in the maker's backward. A later graph's gradient for it waits,
-held by autograd, for the maker's backward (a graph in between adds its own into it). The
-parameters, buffers and the user's inputs are counted once for the whole step (`static_bytes`),
-however many graphs read them, and so is model state that no graph reads (it is memory all the
-same). With one graph all of this reduces to that graph's own simulation plus that unread
-state, exactly. Measured after every operator of a three-graph step, the prediction is exact
-(tests/test_backend.py).
+over: freed after its last use in the maker's backward (kept to the backward's end before torch
+2.13). So do the tangent of an output nobody holds (zeros, made as the maker's backward starts)
+and, for an output the user holds and a later graph reads, autograd's sum of the user's tangent
+and that graph's gradient, the user's own tangent alive beside it. A later graph's gradient for
+a handed-over tensor waits, held by autograd, for the maker's backward (a graph in between adds
+its own into it). The parameters, buffers and the user's inputs are counted once for the whole
+step (`static_bytes`), however many graphs read them, and so is model state that no graph reads
+(it is memory all the same). With one graph all of this reduces to that graph's own
+simulation plus that unread state, exactly. Measured after every operator of a three-graph
+step, the prediction is exact (tests/test_backend.py).
 
 `StepSolver` answers "fastest step plan within B bytes" with one solver per graph: first every
 graph gets the same share of its own range (minimum to no recomputation), the largest share
@@ -91,6 +94,7 @@ def step_timeline(
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
+        around += _own_user_tangent_bytes(graphs[k], handoffs[k])
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around)
     return out
@@ -153,7 +157,18 @@ def _waiting_grad_bytes(graphs: list[Graph], handoffs: list[Handoff]) -> list[in
 def _user_tangent_bytes(graph: Graph, handoff: Handoff) -> int:
     """Bytes of a graph's tangents that the user holds (drawn before any backward runs)."""
     tangents = graph.placeholders(ROLE_TANGENT)
-    return sum(n.out_bytes for n in tangents if n.name not in handoff.handed_tangents)
+    return sum(
+        n.out_bytes
+        for n in tangents
+        if n.name not in handoff.handed_tangents or n.name in handoff.user_tangents_too
+    )
+
+
+def _own_user_tangent_bytes(graph: Graph, handoff: Handoff) -> int:
+    """Bytes of the user's tangents for a graph's outputs that a later graph reads too: the
+    graph's backward gets autograd's sum instead, while the user still holds these."""
+    tangents = graph.placeholders(ROLE_TANGENT)
+    return sum(n.out_bytes for n in tangents if n.name in handoff.user_tangents_too)
 
 
 def _param_grad_bytes(graph: Graph) -> int:

@@ -38,19 +38,19 @@ def import_schedule(path: str | Path) -> ModuleType:
 
 
 def live_bytes_by_operator(
-    plan: explorer.Planner, schedule: Schedule, inputs: tuple
+    plan: explorer.Planner, schedule: Schedule, inputs: tuple, kwargs: dict | None = None
 ) -> list[tuple[str, int, int]]:
     """(operator, predicted, measured) live bytes after every operator of the predicted
     timeline, for the wrapped model's second step (the first compiles). The run's operators
     are matched to the prediction's in order by their aten name; the run has more (views the
     graphs make, the tangents drawn, autograd's own), and every predicted one must be found."""
     wrapped = wrap_with_schedule(copy.deepcopy(plan.model), plan.made_for(), schedule.to_dict())
-    training_step(wrapped, inputs, 0)
+    training_step(wrapped, inputs, 0, kwargs)
     for parameter in wrapped.parameters():
         parameter.grad = None
     ran: list[tuple[str, int]] = []
     with LiveBytesTracker(after_op=lambda name, live: ran.append((name, live))):
-        training_step(wrapped, inputs, 0)
+        training_step(wrapped, inputs, 0, kwargs)
     line = plan.timeline(schedule)
     graphs = plan.capture()
     predicted = []
