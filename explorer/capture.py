@@ -162,29 +162,19 @@ def _handoffs(
             if k > 0 and node.role == ROLE_INPUT and _storage(value) not in user
         )
         later = {_storage(t) for g in captured[k + 1 :] for t in g.primals}
-        passed_on = frozenset(
-            ref
-            for ref, value in zip(graph.graph.model_outputs, graph.outputs, strict=False)
-            if ref is not None
-            and isinstance(value, torch.Tensor)
-            and _storage(value) in later - user
-        )
+        outputs = _tensor_outputs(graph)
+        only_later = later - user
+        passed_on = frozenset(ref for ref, storage in outputs if storage in only_later)
         made = {
-            _storage(value): (j, ref)
+            storage: (j, ref)
             for j, earlier in enumerate(captured[:k])
-            for ref, value in zip(earlier.graph.model_outputs, earlier.outputs, strict=False)
-            if ref is not None and isinstance(value, torch.Tensor)
+            for ref, storage in _tensor_outputs(earlier)
         }
         sources = tuple(
             (node.name, *made[_storage(value)])
             for node, value in zip(primal_nodes, graph.primals, strict=True)
             if node.name in transient and _storage(value) in made
         )
-        outputs = [
-            (ref, _storage(value))
-            for ref, value in zip(graph.graph.model_outputs, graph.outputs, strict=False)
-            if ref is not None and isinstance(value, torch.Tensor)
-        ]
         # autograd makes these tangents: a later graph's gradient for an output only later
         # graphs read, zeros for one nobody holds, the sum of the user's tangent and a later
         # graph's gradient for one both hold
@@ -198,6 +188,15 @@ def _handoffs(
             HANDED_TANGENTS_KEPT,
             _handed_tangents(graph, summed),
         )
+
+
+def _tensor_outputs(captured: CapturedGraph) -> list[tuple[ValueRef, int]]:
+    """Each tensor output of the graph and the storage of what its forward returned."""
+    return [
+        (ref, _storage(value))
+        for ref, value in zip(captured.graph.model_outputs, captured.outputs, strict=False)
+        if ref is not None and isinstance(value, torch.Tensor)
+    ]
 
 
 def _handed_tangents(captured: CapturedGraph, outputs: set[ValueRef]) -> frozenset[str]:

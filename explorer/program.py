@@ -76,7 +76,7 @@ class StepProgram:
     saved_passed_on: list[int] = field(default_factory=list)
     # handed-over tangents the runtime keeps to the end of the backward, then lets go
     # (Handoff.handed_tangents_kept)
-    handed_tangents_kept: list[int] = field(default_factory=list)
+    kept_handed_tangent_slots: list[int] = field(default_factory=list)
 
 
 def _slot_table(graph: Graph) -> dict[ValueRef, int]:

@@ -144,7 +144,7 @@ def simulate(
     for slot in program.unread_saved:
         mem.clear(slot)
     _run(graph, program.backward, mem, timeline, "backward", workspace)
-    for slot in program.handed_tangents_kept:  # the user never held them
+    for slot in program.kept_handed_tangent_slots:  # the user never held them
         if slot not in program.grad_slots:  # (unless returned as a gradient as they are)
             mem.clear(slot)
     grads = {mem.storage_of_slot.get(slot) for slot in program.grad_slots if slot is not None}
