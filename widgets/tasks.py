@@ -21,6 +21,7 @@ import ipywidgets as ipw
 import traitlets
 
 from explorer import Cancelled, CancelToken, UserError
+from explorer.threads import install_fake_cuda_guard_here
 from remat_explorer.widgets.status import StatusLine
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,9 @@ class TaskRunner(traitlets.HasTraits):
 
     Create it on the thread that owns the widgets (a notebook cell does). Without an event
     loop there (scripts, tests) widget updates run directly in the worker, so after `wait()`
-    everything is drawn; in a kernel they run on its loop shortly after.
+    everything is drawn; in a kernel they run on its loop shortly after. That thread outlives
+    the jobs' threads, so what tracing needs installed for the whole process is installed
+    from it (`explorer.threads`).
     """
 
     busy = traitlets.Bool(False)
@@ -63,6 +66,7 @@ class TaskRunner(traitlets.HasTraits):
         self.cancel_button.on_click(lambda _: self.cancel())
         self._loop = _running_loop()
         self._owner = threading.current_thread()
+        install_fake_cuda_guard_here()
         self._token: CancelToken | None = None
         self._thread: threading.Thread | None = None
         self._last_report = 0.0
