@@ -60,7 +60,7 @@ from explorer.program import (
     compile_program,
     schedule_from_saved,
 )
-from explorer.rewrite import compact_dropout
+from explorer.rewrite import compact_dropout, fuse_kept_dropouts
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import simulate
 
@@ -155,7 +155,9 @@ class RematBackend:
         compact_dropout(joint)
         graph = describe(joint.graph, num_fwd_outputs, static_lifetime_input_indices)
         schedule = self._schedule_for(joint, graph, num_fwd_outputs)
-        return partition(joint, graph, schedule, num_fwd_outputs)
+        forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
+        fuse_kept_dropouts(forward)  # as compile_program predicts it
+        return forward, backward
 
     def _schedule_for(
         self, _joint: fx.GraphModule, graph: Graph, _num_fwd_outputs: int

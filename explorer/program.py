@@ -6,6 +6,13 @@ Values live in numbered slots; each instruction lists the slots to clear after i
 A value is freed right after its last reader; a value nobody reads is freed right after it is
 made. A recomputed value overwrites the slot of the value it recomputes (whose readers are
 all earlier, so it is already free).
+
+A dropout split so that its mask can be drawn again (explorer.rewrite.compact_dropout: a
+generator snapshot, the mask, two multiplications) runs as one `native_dropout` where the
+schedule draws its mask once: its snapshot read by nothing else, its mask and output kept or
+recomputed from the mask like any value. The runtime makes the same fusion in the forward graph
+it runs (`explorer.rewrite.fuse_kept_dropouts`), so a fused dropout holds its mask and output
+and nothing else, as `native_dropout` does.
 """
 
 from __future__ import annotations
@@ -16,6 +23,13 @@ from dataclasses import dataclass, field, replace
 from explorer.graph import BACKWARD, EFFECT, FORWARD, PLACEHOLDER, ROLE_TANGENT, Graph, ValueRef
 from explorer.schedule import GraphSchedule
 
+# the operators of a split dropout (explorer.rewrite), as the IR names them
+RNG_STATE = "remat_explorer.rng_state.default"
+MASKS = ("remat_explorer.bernoulli_mask.default", "remat_explorer.cuda_dropout_mask.default")
+MUL = "aten.mul.Tensor"
+NATIVE_DROPOUT = "aten.native_dropout.default"
+FUSED_PREFIX = "native_dropout_of_"  # a fused dropout's name: this, then its mask's
+
 
 @dataclass
 class Instr:
@@ -24,6 +38,19 @@ class Instr:
     out_slots: list[int | None]  # None: output that is not a tensor
     frees: list[int] = field(default_factory=list)
     recompute: bool = False
+    # a fused dropout: the split's snapshot, mask, product and output nodes it runs as one
+    # `native_dropout(x)`, which makes the output and the mask (out_slots, in that order)
+    fused: tuple[str, ...] = ()
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The graph's nodes this instruction runs."""
+        return self.fused or (self.node,)
+
+
+def operator_of(graph: Graph, name: str) -> str:
+    """The ATen operator an instruction named `name` runs (a fused dropout's is not a node)."""
+    return NATIVE_DROPOUT if name.startswith(FUSED_PREFIX) else graph.node(name).target
 
 
 @dataclass(frozen=True)
@@ -127,13 +154,18 @@ def _instr(graph: Graph, table: dict[ValueRef, int], name: str, recompute: bool)
 
 
 def compile_program(
-    graph: Graph, schedule: GraphSchedule, handoff: Handoff | None = None
+    graph: Graph,
+    schedule: GraphSchedule,
+    handoff: Handoff | None = None,
+    fuse_dropouts: bool = True,
 ) -> StepProgram:
     """Lower a schedule into forward and backward instruction lists with frees.
 
     Work whose result nobody reads is left out first (`prune`), as FX leaves it out of the
     graphs the runtime runs, so the program is exactly what runs. `handoff` says which inputs
-    and outputs are only passing through, when the step has several graphs."""
+    and outputs are only passing through, when the step has several graphs. Split dropouts
+    whose mask is drawn once run fused (see the module docstring), unless `fuse_dropouts` is
+    False: profiling times each of the graph's operators."""
     schedule = prune(graph, schedule)
     handoff = handoff or Handoff()
     table = _slot_table(graph)
@@ -160,6 +192,8 @@ def compile_program(
     forward = [_instr(graph, table, n.name, False) for n in graph.nodes if n.name in needed]
     keep_fwd = set(static) | set(saved) | set(outputs) | set(transient)
     _assign_frees(forward, keep_fwd, set(transient))
+    if fuse_dropouts:
+        forward = _fuse_dropouts(graph, forward)
     frame_held = [s for s in transient if s not in read_later]
 
     grads = [None if r is None else table[r] for r in graph.input_grads]
@@ -191,6 +225,43 @@ def compile_program(
         passed_on,
         saved_passed_on,
         handed_kept,
+    )
+
+
+def _fuse_dropouts(graph: Graph, forward: list[Instr]) -> list[Instr]:
+    """`forward` with each split dropout whose snapshot and product nothing else reads (not
+    kept for the backward) as one fused instruction."""
+    fused: list[Instr] = []
+    k = 0
+    while k < len(forward):
+        one = _fused_dropout(graph, forward[k : k + 4])
+        fused.append(one or forward[k])
+        k += 4 if one else 1
+    return fused
+
+
+def _fused_dropout(graph: Graph, run: list[Instr]) -> Instr | None:
+    """The four instructions of a split dropout as one, or None if `run` is not one or a
+    part of it is read by anything but the next part."""
+    if len(run) < 4:
+        return None
+    state, mask, product, output = run
+    targets = [graph.node(i.node).target for i in run]
+    if targets[0] != RNG_STATE or targets[1] not in MASKS or targets[2:] != [MUL, MUL]:
+        return None
+    (x,) = state.in_slots
+    snapshot, drawn, made = state.out_slots[0], mask.out_slots[0], product.out_slots[0]
+    if mask.in_slots[0] != snapshot or product.in_slots != [x, drawn]:
+        return None
+    if output.in_slots != [made] or snapshot not in mask.frees or made not in output.frees:
+        return None
+    frees = {s for i in run for s in i.frees} - {snapshot, made}
+    return Instr(
+        node=FUSED_PREFIX + mask.node,
+        in_slots=[x],
+        out_slots=[output.out_slots[0], drawn],
+        frees=sorted(frees),
+        fused=(state.node, mask.node, product.node, output.node),
     )
 
 

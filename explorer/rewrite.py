@@ -10,6 +10,12 @@ multiplications that rebuild the output bitwise (`x * mask * scale`). The mask a
 become values like any other, kept or recomputed as the plan says: a recomputed mask is drawn
 again from the snapshot.
 
+`fuse_kept_dropouts` undoes the split in a forward graph the runtime runs wherever the plan
+draws the mask once (its snapshot and product read by nothing else): one `native_dropout`
+call makes the same mask and output, bitwise, where the split form took two custom operators
+and three kernels, which on a GPU's launch-bound step cost as much as the rest of the runtime
+(sample:gpt). explorer.program fuses the same instructions, so what is predicted is what runs.
+
 The scale is the one each device's kernel multiplies by: the CPU's is 1/(1 - p) rounded to x's
 dtype; CUDA's fused kernel divides 1 by (1 - p) in x's accumulation type (float32 for float32,
 float16 and bfloat16) and multiplies in that type, which `mul` by a float32-exact scalar
@@ -29,6 +35,7 @@ from torch._guards import detect_fake_mode
 from explorer.rngreplay import BERNOULLI_MASK, CUDA_DROPOUT_MASK, RNG_STATE
 
 aten = torch.ops.aten
+DROPOUT_P = "remat_dropout_p"  # node.meta of a split dropout's mask: the dropout's p
 _CUDA_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # accumulate in float32
 
 
@@ -102,6 +109,7 @@ def _split(
                 new.meta["val"] = target(*_vals(args), **kwargs)
             made.append(new)
     mask, output = made[1], made[3]
+    mask.meta[DROPOUT_P] = float(node.args[1])  # fuse_kept_dropouts: 1 - (1 - p) may not be p
     for user in list(node.users):
         if user.op == "call_function" and user.target is operator.getitem:
             user.replace_all_uses_with(output if user.args[1] == 0 else mask)
@@ -111,3 +119,56 @@ def _split(
 
 def _vals(args: tuple) -> tuple:
     return tuple(a.meta["val"] if isinstance(a, fx.Node) else a for a in args)
+
+
+def fuse_kept_dropouts(forward: fx.GraphModule) -> int:
+    """Run each split dropout of a forward graph whose snapshot only its mask reads and whose
+    product only the output reads as one `native_dropout` (see the module docstring). The
+    same rule as explorer.program's fusion, read off the graph: a snapshot or product the
+    backward needs is an output of the forward graph. Returns how many were fused; the graph
+    module is recompiled if any was."""
+    graph = forward.graph
+    fused = 0
+    for state in list(graph.nodes):
+        run = _split_run(state)
+        if run is None:
+            continue
+        state, mask, product, output = run
+        x = state.args[0]
+        with graph.inserting_before(state):
+            dropout = graph.call_function(
+                aten.native_dropout.default, (x, mask.meta[DROPOUT_P], True)
+            )
+            made = graph.call_function(operator.getitem, (dropout, 0))
+            drawn = graph.call_function(operator.getitem, (dropout, 1))
+        dropout.meta.update(mask.meta)
+        if "val" in output.meta and "val" in mask.meta:
+            dropout.meta["val"] = (output.meta["val"], mask.meta["val"])
+            made.meta["val"], drawn.meta["val"] = output.meta["val"], mask.meta["val"]
+        output.replace_all_uses_with(made)
+        mask.replace_all_uses_with(drawn)
+        for node in (output, product, mask, state):
+            graph.erase_node(node)
+        fused += 1
+    if fused:
+        graph.lint()
+        forward.recompile()
+    return fused
+
+
+def _split_run(state: fx.Node) -> tuple[fx.Node, ...] | None:
+    """The snapshot, mask, product and output of a split dropout starting at `state`, one after
+    another in the graph, each read only by the next (the output by anyone); else None."""
+    if state.op != "call_function" or state.target is not RNG_STATE:
+        return None
+    mask, product, output = state.next, state.next.next, state.next.next.next
+    if mask.target not in (BERNOULLI_MASK, CUDA_DROPOUT_MASK) or DROPOUT_P not in mask.meta:
+        return None
+    if product.target is not aten.mul.Tensor or output.target is not aten.mul.Tensor:
+        return None
+    x = state.args[0]
+    if mask.args[0] is not state or product.args != (x, mask) or output.args[0] is not product:
+        return None
+    if set(state.users) != {mask} or set(product.users) != {output}:
+        return None
+    return state, mask, product, output

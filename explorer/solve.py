@@ -567,7 +567,7 @@ def evaluate(
         raise RuntimeError(f"internal error: schedule does not run: {problem}")
     timeline = simulate(graph, program, profile.workspace)
     schedule.predicted_peak_bytes = timeline.peak_bytes
-    names = [i.node for i in program.forward] + [i.node for i in program.backward]
+    names = [name for i in program.forward + program.backward for name in i.parts]
     schedule.predicted_seconds = sum(profile.time_of(n) for n in names)
     schedule.baseline_seconds = baseline_seconds or schedule.predicted_seconds
     schedule.recomputed = list(dict.fromkeys(i.node for i in program.backward if i.recompute))

@@ -13,6 +13,7 @@ import explorer
 from explorer.backend import wrap_with_schedule
 from explorer.memory import LiveBytesTracker
 from explorer.models import build
+from explorer.program import MASKS, operator_of
 from explorer.schedule import Schedule
 from explorer.verify import training_step
 
@@ -54,11 +55,14 @@ def live_bytes_by_operator(
     line = plan.timeline(schedule)
     graphs = plan.capture()
     predicted = []
-    for label, live in zip(line.labels, line.steps, strict=True):
+    for label, live, phase in zip(line.labels, line.steps, line.phase, strict=True):
         if "autograd:" not in label:  # not a graph's operator: a copy autograd makes
             where, _, name = label.rpartition(":")
             graph = graphs[int(where[1:]) - 1 if where else 0]
-            predicted.append((label, graph.node(name).target, live - line.static_bytes))
+            target = operator_of(graph, name)
+            if phase == "recompute" and target in MASKS:  # drawn again: its replaying twin
+                target = target.replace("remat_explorer.", "remat_explorer.replayed_", 1)
+            predicted.append((label, target, live - line.static_bytes))
     found: list[tuple[str, int, int]] = []
     for name, live in ran:
         if len(found) < len(predicted) and name == predicted[len(found)][1]:
