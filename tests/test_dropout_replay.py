@@ -13,7 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from explorer.fxgraph import describe
-from explorer.rewrite import compact_dropout
+from explorer.rewrite import compact_dropout, fuse_kept_dropouts
 from explorer.rngreplay import CUDA_STATE_BYTES, STATE_BYTES
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -135,3 +135,45 @@ def test_which_cuda_dropouts_are_split(make, p, split):
         state = graph.node(mask.args[0].name)
         assert state.random and state.outputs[0].nbytes == 0
         assert graph.node(mask.name).outputs[0].nbytes == x.numel()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_dropout_drawn_once_is_native_dropout_again_bitwise(device):
+    """`fuse_kept_dropouts` undoes the split where the mask is drawn once: one
+    `native_dropout` with the dropout's own p (1 - (1 - 0.1) is not 0.1), the same output and
+    mask bit for bit and the generator left where native_dropout leaves it; a split whose
+    snapshot the backward needs (an output of the forward graph) is left as it is."""
+    for p in PROBABILITIES:
+        x = torch.randn(64, 96, device=device)
+        fused = _split_dropout(x, p)
+        assert fuse_kept_dropouts(fused) == 1
+        calls = [n for n in fused.graph.nodes if n.op == "call_function"]
+        (dropout,) = [n for n in calls if n.target is torch.ops.aten.native_dropout.default]
+        assert dropout.args[1:] == (p, True)
+        assert not [n for n in calls if str(n.target).startswith("remat_explorer")]
+        _seed(device, 7)
+        expected = torch.ops.aten.native_dropout.default(x, p, True)
+        after = _state(device)
+        _seed(device, 7)
+        got = fused(x)
+        assert torch.equal(_state(device), after), f"p={p}: the generator moved otherwise"
+        assert torch.equal(got[1], expected[1]), f"p={p}: another mask"
+        assert torch.equal(_bits(got[0]), _bits(expected[0])), f"p={p}: another output"
+    kept = _split_dropout(x, 0.1)
+    state = next(n for n in kept.graph.nodes if n.name.startswith("rng_state"))
+    (output,) = kept.graph.find_nodes(op="output")
+    output.args = ((*output.args[0], state),)  # the backward draws the mask again
+    assert fuse_kept_dropouts(kept) == 0
+
+
+def test_a_fake_cuda_dropout_drawn_once_is_native_dropout_again():
+    """The CUDA split (its mask op takes x and p) fuses back too, traced on fake CUDA tensors
+    so that it runs without a GPU."""
+    traced = _traced_cuda(lambda: torch.empty(4, 8, device="cuda"), 0.15)
+    assert compact_dropout(traced) == 1
+    assert fuse_kept_dropouts(traced) == 1
+    calls = [n for n in traced.graph.nodes if n.op == "call_function"]
+    (dropout,) = [n for n in calls if n.target is torch.ops.aten.native_dropout.default]
+    placeholder = next(iter(traced.graph.find_nodes(op="placeholder")))
+    assert dropout.args == (placeholder, 0.15, True)
+    assert not [n for n in calls if str(n.target).startswith("remat_explorer")]
