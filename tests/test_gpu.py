@@ -69,3 +69,19 @@ def test_dropout_on_cuda_is_bitwise_with_its_masks_recomputed(tmp_path):
     activations = front.baseline_peak_bytes - front.fixed_bytes
     share = (lowest.predicted_peak_bytes - front.fixed_bytes) / activations
     print(f"sample:gpt b4 64 on CUDA: lowest point keeps {share:.3f} of the activations")
+
+
+def test_dropouts_drawn_once_run_fused_on_cuda_bitwise_and_to_the_byte(tmp_path):
+    """Without recomputation every dropout's mask is drawn once, so the runtime runs
+    `native_dropout`'s fused kernel itself (explorer.rewrite.fuse_kept_dropouts): eager's
+    outputs and gradients bitwise, and the peak predicted to the byte (the fused kernel has no
+    workspace; the split form's mask operator counted the kernel's float output as one)."""
+    built = build("sample:gpt", 4, 64, device="cuda")
+    planner = explorer.Planner(built.model, built.example_inputs, spec=built.spec)
+    path = planner.baseline().export(tmp_path / "gpt_fused.py")
+    report = explorer.verify(path, model=planner.model, example_inputs=planner.example_inputs)
+    assert report.ok, report.format_table()
+    compared = [r for r in report.rows if r.quantity in ("outputs", "parameter gradients")]
+    assert [r.measured for r in compared] == ["bitwise equal"] * 2, report.format_table()
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert peak.measured == peak.predicted, report.format_table()
