@@ -1,7 +1,7 @@
 """Benchmark: what running under the runtime costs, against the unmodified model.
 
     python bench/runtime.py [--models resnet50:8:128 sample:gpt:8:256] [--repeats 7]
-        [--device cpu] [--results bench/results]
+        [--device cpu] [--profile] [--results bench/results]
 
 For each model: the no-recomputation schedule's step time over eager (the runtime's own cost:
 Dynamo's guards, AOTAutograd's wrappers, the generated FX code; goal <= 1.02x), the first
@@ -36,6 +36,7 @@ from explorer.models import build
 from explorer.verify import training_step
 
 RESULTS = Path(__file__).parent / "results"
+PROFILED_STEPS = 5
 
 
 class _UnderSettings(nn.Module):
@@ -48,9 +49,6 @@ class _UnderSettings(nn.Module):
     def forward(self, *args):
         with dynamo_settings():
             return self.compiled(*args)
-
-
-PROFILED_STEPS = 5
 
 
 def _operator_times(model: nn.Module, inputs: tuple, device: str) -> dict[str, tuple]:
