@@ -484,7 +484,9 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, delay):
     assert stderr.strip().splitlines()[-1:] == ["remat-explorer: interrupted"], stderr
     assert "Traceback" not in stderr
     written = sorted(p.name for p in out.iterdir()) if out.exists() else []
-    assert set(written) <= {"profile.json", "front.json"}, written  # no temporary files
+    # no temporary files: the profile, the solver's cache (written once the sweep has solved;
+    # an interrupt between it and the front left both on torch 2.10) and the front
+    assert set(written) <= {"profile.json", "solver_cache.json", "front.json"}, written
     for name in written:
         json.loads((out / name).read_text())  # whole files only
 
