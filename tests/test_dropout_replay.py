@@ -39,6 +39,23 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
+def _as_native_dropout(graph: torch.fx.GraphModule, x: torch.Tensor, p: float) -> tuple:
+    """Assert that `graph` gives native_dropout's output and mask bit for bit from the same
+    generator state, and leaves the generator where native_dropout leaves it. Returns the
+    state before the draw and native_dropout's (output, mask)."""
+    device = x.device.type
+    _seed(device, 7)
+    before = _state(device)
+    expected = torch.ops.aten.native_dropout.default(x, p, True)
+    after = _state(device)
+    _seed(device, 7)
+    got = graph(x)
+    assert torch.equal(_state(device), after), f"p={p}: the generator moved otherwise"
+    assert torch.equal(got[1], expected[1]), f"p={p}: another mask"
+    assert torch.equal(_bits(got[0]), _bits(expected[0])), f"p={p}: another output"
+    return before, expected
+
+
 def _split_dropout(x: torch.Tensor, p: float) -> torch.fx.GraphModule:
     def dropout(t: torch.Tensor):
         return torch.ops.aten.native_dropout.default(t, p, True)
@@ -56,15 +73,7 @@ def test_a_split_dropout_gives_native_dropouts_output_and_mask_bitwise(device, s
         x = torch.randn(shape, dtype=dtype, device=device)
         x.view(-1)[:3] = torch.tensor([-0.0, float("nan"), float("inf")], dtype=dtype)
         split = _split_dropout(x, p)
-        _seed(device, 7)
-        before = _state(device)
-        expected = torch.ops.aten.native_dropout.default(x, p, True)
-        after = _state(device)
-        _seed(device, 7)
-        got = split(x)
-        assert torch.equal(_state(device), after), f"p={p}: the generator moved otherwise"
-        assert torch.equal(got[1], expected[1]), f"p={p}: another mask"
-        assert torch.equal(_bits(got[0]), _bits(expected[0])), f"p={p}: another output"
+        before, expected = _as_native_dropout(split, x, p)
         # a recomputation draws the same mask from the saved state and moves no generator
         replay = MASK_OPS[device]
         node = next(n for n in split.graph.nodes if "mask" in str(n.target))
@@ -151,14 +160,7 @@ def test_a_dropout_drawn_once_is_native_dropout_again_bitwise(device):
         (dropout,) = [n for n in calls if n.target is torch.ops.aten.native_dropout.default]
         assert dropout.args[1:] == (p, True)
         assert not [n for n in calls if str(n.target).startswith("remat_explorer")]
-        _seed(device, 7)
-        expected = torch.ops.aten.native_dropout.default(x, p, True)
-        after = _state(device)
-        _seed(device, 7)
-        got = fused(x)
-        assert torch.equal(_state(device), after), f"p={p}: the generator moved otherwise"
-        assert torch.equal(got[1], expected[1]), f"p={p}: another mask"
-        assert torch.equal(_bits(got[0]), _bits(expected[0])), f"p={p}: another output"
+        _as_native_dropout(fused, x, p)
     kept = _split_dropout(x, 0.1)
     state = next(n for n in kept.graph.nodes if n.name.startswith("rng_state"))
     (output,) = kept.graph.find_nodes(op="output")

@@ -50,6 +50,17 @@ def test_measured_peak_equals_prediction_and_fits_budget(plan, tmp_path):
         assert peak.measured <= allocated <= 1.10 * peak.measured, report.format_table()
 
 
+def _bitwise_and_to_the_byte(planner: explorer.Planner, path) -> None:
+    """The exported module at `path` verifies: eager's outputs and gradients bitwise, its
+    measured peak equal to the prediction."""
+    report = explorer.verify(path, model=planner.model, example_inputs=planner.example_inputs)
+    assert report.ok, report.format_table()
+    compared = [r for r in report.rows if r.quantity in ("outputs", "parameter gradients")]
+    assert [r.measured for r in compared] == ["bitwise equal"] * 2, report.format_table()
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert peak.measured == peak.predicted, report.format_table()
+
+
 def test_dropout_on_cuda_is_bitwise_with_its_masks_recomputed(tmp_path):
     """A GPT with dropout on CUDA: its lowest point draws dropout masks again in the backward
     (from the CUDA generator's saved state, explorer.rngreplay) and still gives eager's
@@ -60,12 +71,7 @@ def test_dropout_on_cuda_is_bitwise_with_its_masks_recomputed(tmp_path):
     lowest = front.points[0]
     assert any("cuda_dropout_mask" in op for op in lowest.schedule.recomputed_ops())
     path = lowest.schedule.export(tmp_path / "gpt_cuda.py")
-    report = explorer.verify(path, model=planner.model, example_inputs=planner.example_inputs)
-    assert report.ok, report.format_table()
-    compared = [r for r in report.rows if r.quantity in ("outputs", "parameter gradients")]
-    assert [r.measured for r in compared] == ["bitwise equal"] * 2, report.format_table()
-    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
-    assert peak.measured == peak.predicted, report.format_table()
+    _bitwise_and_to_the_byte(planner, path)
     activations = front.baseline_peak_bytes - front.fixed_bytes
     share = (lowest.predicted_peak_bytes - front.fixed_bytes) / activations
     print(f"sample:gpt b4 64 on CUDA: lowest point keeps {share:.3f} of the activations")
@@ -79,9 +85,4 @@ def test_dropouts_drawn_once_run_fused_on_cuda_bitwise_and_to_the_byte(tmp_path)
     built = build("sample:gpt", 4, 64, device="cuda")
     planner = explorer.Planner(built.model, built.example_inputs, spec=built.spec)
     path = planner.baseline().export(tmp_path / "gpt_fused.py")
-    report = explorer.verify(path, model=planner.model, example_inputs=planner.example_inputs)
-    assert report.ok, report.format_table()
-    compared = [r for r in report.rows if r.quantity in ("outputs", "parameter gradients")]
-    assert [r.measured for r in compared] == ["bitwise equal"] * 2, report.format_table()
-    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
-    assert peak.measured == peak.predicted, report.format_table()
+    _bitwise_and_to_the_byte(planner, path)
