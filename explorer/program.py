@@ -20,7 +20,16 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
-from explorer.graph import BACKWARD, EFFECT, FORWARD, PLACEHOLDER, ROLE_TANGENT, Graph, ValueRef
+from explorer.graph import (
+    BACKWARD,
+    EFFECT,
+    FORWARD,
+    PLACEHOLDER,
+    ROLE_TANGENT,
+    Graph,
+    TensorMeta,
+    ValueRef,
+)
 from explorer.schedule import GraphSchedule
 
 # the operators of a split dropout (explorer.rewrite), as the IR names them
@@ -46,6 +55,14 @@ class Instr:
     def parts(self) -> tuple[str, ...]:
         """The graph's nodes this instruction runs."""
         return self.fused or (self.node,)
+
+
+def outputs_of(graph: Graph, instr: Instr) -> list[TensorMeta | None]:
+    """What an instruction makes: its node's outputs, or a fused dropout's output and mask."""
+    if not instr.fused:
+        return graph.node(instr.node).outputs
+    _, mask, _, output = instr.fused
+    return [graph.node(output).outputs[0], graph.node(mask).outputs[0]]
 
 
 def operator_of(graph: Graph, name: str) -> str:
@@ -234,7 +251,8 @@ def _fuse_dropouts(graph: Graph, forward: list[Instr]) -> list[Instr]:
     fused: list[Instr] = []
     k = 0
     while k < len(forward):
-        one = _fused_dropout(graph, forward[k : k + 4])
+        starts = graph.node(forward[k].node).target == RNG_STATE  # most instructions: no
+        one = _fused_dropout(graph, forward[k : k + 4]) if starts else None
         fused.append(one or forward[k])
         k += 4 if one else 1
     return fused

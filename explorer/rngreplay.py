@@ -107,7 +107,7 @@ def _cuda_mask_fake(state: torch.Tensor, x: torch.Tensor, p: float) -> torch.Ten
 BERNOULLI_MASK = torch.ops.remat_explorer.bernoulli_mask.default
 CUDA_DROPOUT_MASK = torch.ops.remat_explorer.cuda_dropout_mask.default
 RNG_STATE = torch.ops.remat_explorer.rng_state.default
-_REPLAYS = {
+REPLAYS = {  # a mask operator -> its replaying twin
     BERNOULLI_MASK: torch.ops.remat_explorer.replayed_bernoulli_mask.default,
     CUDA_DROPOUT_MASK: torch.ops.remat_explorer.replayed_cuda_dropout_mask.default,
 }
@@ -116,6 +116,6 @@ _REPLAYS = {
 def replay_in_place(node: fx.Node) -> None:
     """Turn a copied mask node (a recomputation) into its replay, which leaves the generator as
     it found it. Other nodes are left alone."""
-    replay = _REPLAYS.get(node.target)
+    replay = REPLAYS.get(node.target)
     if replay is not None:
         node.target = replay

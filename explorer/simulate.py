@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from explorer.graph import PLACEHOLDER, ROLE_TANGENT, Graph, TensorMeta
-from explorer.program import Instr, StepProgram
+from explorer.graph import PLACEHOLDER, ROLE_TANGENT, Graph
+from explorer.program import Instr, StepProgram, outputs_of
 
 
 @dataclass
@@ -80,14 +80,6 @@ class _Storages:
             self.live -= self.bytes_of[sid]
 
 
-def _outputs(graph: Graph, instr: Instr) -> list[TensorMeta | None]:
-    """What an instruction makes: its node's outputs, or a fused dropout's output and mask."""
-    if not instr.fused:
-        return graph.node(instr.node).outputs
-    _, mask, _, output = instr.fused
-    return [graph.node(output).outputs[0], graph.node(mask).outputs[0]]
-
-
 def _run(
     graph: Graph,
     instrs: list[Instr],
@@ -97,7 +89,7 @@ def _run(
     workspace: dict[str, int],
 ) -> None:
     for instr in instrs:
-        for slot, meta in zip(instr.out_slots, _outputs(graph, instr), strict=True):
+        for slot, meta in zip(instr.out_slots, outputs_of(graph, instr), strict=True):
             if slot is None or meta is None:
                 continue
             alias = instr.in_slots[meta.alias_of] if meta.alias_of is not None else None

@@ -13,9 +13,12 @@ import explorer
 from explorer.backend import wrap_with_schedule
 from explorer.memory import LiveBytesTracker
 from explorer.models import build
-from explorer.program import MASKS, operator_of
+from explorer.program import operator_of
+from explorer.rngreplay import REPLAYS
 from explorer.schedule import Schedule
 from explorer.verify import training_step
+
+REPLAYED = {str(mask): str(replay) for mask, replay in REPLAYS.items()}
 
 __all__ = ["import_schedule", "live_bytes_by_operator", "planner", "train_step"]
 
@@ -60,8 +63,8 @@ def live_bytes_by_operator(
             where, _, name = label.rpartition(":")
             graph = graphs[int(where[1:]) - 1 if where else 0]
             target = operator_of(graph, name)
-            if phase == "recompute" and target in MASKS:  # drawn again: its replaying twin
-                target = target.replace("remat_explorer.", "remat_explorer.replayed_", 1)
+            if phase == "recompute":  # a mask drawn again runs its replaying twin
+                target = REPLAYED.get(target, target)
             predicted.append((label, target, live - line.static_bytes))
     found: list[tuple[str, int, int]] = []
     for name, live in ran:
