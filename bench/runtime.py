@@ -5,7 +5,8 @@
 
 For each model: the no-recomputation schedule's step time over eager (the runtime's own cost:
 Dynamo's guards, AOTAutograd's wrappers, the generated FX code; goal <= 1.02x), the first
-step (capture and compile), the first step at a new shape (a smaller batch: captured again,
+step (capture and compile), the first step at a new shape (half the batch, or one more
+where half would leave a BatchNorm model too few values per channel: captured again,
 the schedule mapped onto the new graph), and a later step at that shape. Beside it, to say
 whose cost it is: plain `torch.compile(backend="aot_eager")` (AOTAutograd's runtime, the
 graphs run op by op, no plan), and the same under the Dynamo settings the runtime needs on
@@ -100,6 +101,15 @@ def _print_differences(rows: list) -> None:
         print(f"  {row['operator'][:44]:<44} {calls:>11} {host:>17} {dev:>17}")
 
 
+def _other_batch(x: torch.Tensor) -> torch.Tensor:
+    """`x` at half its batch, or one more for a batch under 4 (halved, a BatchNorm model
+    at batch 2 or 3 refuses its batch of 1)."""
+    batch = x.shape[0]
+    if batch >= 4:
+        return x[: batch // 2]
+    return torch.cat([x, x[:1]])
+
+
 def measure(
     spec: str, batch: int, size: int, repeats: int, device: str, with_profile: bool = False
 ) -> dict:
@@ -113,7 +123,7 @@ def measure(
     }
     wrapped = wrap_with_schedule(copy.deepcopy(built.model), plan.made_for(), baseline.to_dict())
     inputs = built.example_inputs
-    smaller = tuple(x[: max(1, x.shape[0] // 2)] for x in inputs)
+    other_shape = tuple(_other_batch(x) for x in inputs)
 
     def seconds(model: nn.Module, batch: tuple, seed: int) -> float:
         return time_step(lambda: training_step(model, batch, seed), device)
@@ -129,8 +139,8 @@ def measure(
     differences = (
         operator_differences(variants["plain"], wrapped, inputs, device) if with_profile else []
     )
-    new_shape = seconds(wrapped, smaller, 0)
-    again = statistics.median(seconds(wrapped, smaller, 0) for _ in range(3))
+    new_shape = seconds(wrapped, other_shape, 0)
+    again = statistics.median(seconds(wrapped, other_shape, 0) for _ in range(3))
 
     def over_eager(name: str) -> float:
         return statistics.median(t / e for e, t in zip(times["eager"], times[name], strict=True))
