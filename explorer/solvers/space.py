@@ -74,6 +74,13 @@ class Space:
     def empty(self) -> Windows:
         return [[] for _ in self.order]
 
+    def everything(self) -> Windows:
+        """Every stage that reads a forward tensor runs again all it needs from what the
+        forward must keep (inputs, pinned draws, outputs): the space's extreme in what the
+        forward saves, and often its least peak (Checkmate's "recompute all"; on
+        gpt_2_layers it is the least peak, which the chain table's schedules miss by 2%)."""
+        return self.prune([list(self.decisions) if reads else [] for reads in self.reading])
+
     # -- windows -> schedule -----------------------------------------------------------------
 
     def lower(self, windows: Windows, fingerprint: str) -> GraphSchedule:
