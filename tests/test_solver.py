@@ -755,8 +755,8 @@ def test_the_least_peak_is_never_above_recomputing_everything(monkeypatch):
     # catches: a least peak that is the search's from the chain table's alone. On
     # gpt_2_layers the table's is 0.431 of the activations (analytic P100 profile), where
     # running everything again at every stage is 0.347, the least peak; on two CPU profiles
-    # of four the search from the table ended 0.5% above it, and so did every budget of
-    # such a sweep after
+    # of four the search from the table ended 0.5% above it, and a sweep spaces every budget
+    # from there
     starts: list[int] = []
 
     def leanest(refiner, start, seconds):

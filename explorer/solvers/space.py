@@ -77,8 +77,8 @@ class Space:
     def everything(self) -> Windows:
         """Every stage that reads a forward tensor runs again all it needs from what the
         forward must keep (inputs, pinned draws, outputs): the space's extreme in what the
-        forward saves, and often its least peak (Checkmate's "recompute all"; on
-        gpt_2_layers it is the least peak, which the chain table's schedules miss by 2%)."""
+        forward saves (Checkmate's "recompute all"), and the least peak of some steps
+        (gpt_2_layers', sample:unet's at 32 px) that the chain table's schedules miss."""
         return self.prune([list(self.decisions) if reads else [] for reads in self.reading])
 
     # -- windows -> schedule -----------------------------------------------------------------
