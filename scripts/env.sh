@@ -6,6 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 key=$(sed -n '/^dependencies/,/^\[project.scripts\]/p' pyproject.toml | sha256sum | cut -c1-12)
 venv="${REMAT_VENV_ROOT:-$HOME/.cache/remat-explorer}/venv-$key"
+# one install at a time (the dashboard and the tests started together both rewrote the
+# console script, and one failed); the lock is released when this script exits
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+if command -v flock >/dev/null; then
+  flock 9
+fi
 if [ ! -f "$venv/.complete" ]; then
   echo "building $venv (torch and torchvision are large: a few minutes)" >&2
   rm -rf "$venv"
