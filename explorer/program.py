@@ -251,21 +251,22 @@ def _fuse_dropouts(graph: Graph, forward: list[Instr]) -> list[Instr]:
     fused: list[Instr] = []
     k = 0
     while k < len(forward):
-        starts = graph.node(forward[k].node).target == RNG_STATE  # most instructions: no
-        one = _fused_dropout(graph, forward[k : k + 4]) if starts else None
+        one = _fused_dropout(graph, forward, k)
         fused.append(one or forward[k])
         k += 4 if one else 1
     return fused
 
 
-def _fused_dropout(graph: Graph, run: list[Instr]) -> Instr | None:
-    """The four instructions of a split dropout as one, or None if `run` is not one or a
-    part of it is read by anything but the next part."""
-    if len(run) < 4:
+def _fused_dropout(graph: Graph, forward: list[Instr], k: int) -> Instr | None:
+    """The four instructions of a split dropout from `forward[k]` on as one, or None if none
+    starts there or a part of it is read by anything but the next part. (Called at every
+    forward instruction of every schedule a search simulates: most are no snapshot, and
+    are answered from their own target alone.)"""
+    if graph.node(forward[k].node).target != RNG_STATE or k + 4 > len(forward):
         return None
-    state, mask, product, output = run
-    targets = [graph.node(i.node).target for i in run]
-    if targets[0] != RNG_STATE or targets[1] not in MASKS or targets[2:] != [MUL, MUL]:
+    state, mask, product, output = run = forward[k : k + 4]
+    targets = [graph.node(i.node).target for i in run[1:]]
+    if targets[0] not in MASKS or targets[1:] != [MUL, MUL]:
         return None
     (x,) = state.in_slots
     snapshot, drawn, made = state.out_slots[0], mask.out_slots[0], product.out_slots[0]
