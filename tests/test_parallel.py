@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -60,6 +61,7 @@ class _TwoPlacesMilp:
     def __init__(self) -> None:
         self.space = SimpleNamespace(windows_of=_windows_of, empty=lambda: [[] for _ in range(24)])
         self.starts: list[list[list[str]]] = []  # of the runs made here (not the worker's)
+        self.ops_reads: defaultdict[str, tuple[str, ...]] = defaultdict(tuple)  # what each reads
 
     def use_budget(self, budget: int) -> None:
         pass
