@@ -34,9 +34,10 @@ whole-model run, so nothing is proven and the gap stays unknown. Nor is a whole-
 made when its limit would end before CBC is past its start (the root LP and the MIP start,
 which it finishes whatever its limit: sample:unet's least peak took 3.6 s for a 0.2 s run);
 where that is known before a search's LP, the LP and RINS step aside as after fruitless runs.
-A search for the fastest schedule at a least peak first drops what its start need not
-recompute (`_drop`): the least-peak search counts no time. With a second core, windows run two
-at a time, one in a forked worker (explorer.solvers.worker).
+A search for the fastest schedule first drops what its start need not recompute (`_drop`):
+at a least peak for as long as that pays (the least-peak search counts no time), elsewhere
+for a quarter of its time (its start is the answer within the budget below). With a second
+core, windows run two at a time, one in a forked worker (explorer.solvers.worker).
 Every candidate is simulated again; only schedules that fit by simulation are kept.
 """
 
@@ -48,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from explorer.schedule import GraphSchedule
-from explorer.solvers.milp import Relaxation, StepMilp
+from explorer.solvers.milp import Relaxation, Root, StepMilp
 from explorer.solvers.space import Windows
 from explorer.solvers.worker import WindowWorker
 
@@ -157,9 +158,10 @@ class Refiner:
         drop: bool = False,
         in_hole: bool = False,
     ) -> Refined:
-        """The least recomputation within `budget`, from `start` (which must fit). `drop`:
-        first drop the recomputations the budget does not need (see `_drop`), for a start
-        found without counting time (the least-peak search's). `in_hole`: the budget lies in
+        """The least recomputation within `budget`, from `start` (which must fit), whose
+        recomputations the budget does not need are dropped first (see `_drop`): for
+        DROP_SHARE of the time, or, with `drop`, for as long as that pays, for a start found
+        without counting time (the least-peak search's). `in_hole`: the budget lies in
         a hole of the front, so CBC on the whole model leads (HOLE_FIRST_SHARE)."""
 
         def better(s: GraphSchedule, best: GraphSchedule) -> bool:
@@ -369,9 +371,9 @@ class Refiner:
         return self.whole_runs and (not self.learn or self.fruitless[kind] < FRUITLESS)
 
     def _drop(self, until: float, take, current) -> None:
-        """Try running each recomputation of the current schedule no more, the costliest
-        first, keeping every removal that still fits, pass after pass while the last kept
-        at least DROP_AGAIN_SHARE of its moves, until `until`.
+        """Try running each recomputation of the current schedule no more (see
+        `_drop_moves`), the costliest first, keeping every removal that still fits, pass
+        after pass while the last kept at least DROP_AGAIN_SHARE of its moves, until `until`.
         One simulation a move, where a window finds such moves one CBC run at a time: the
         least peak's first schedule on gpt_2_layers (the least-peak objective counts no
         time) went from +289% to +29% in 1.9 s, where 8 s of windows reached +60%. It may
@@ -400,7 +402,7 @@ class Refiner:
         (gpt_2_layers at 0.405 of its activations: two clones of one attention projection,
         in two stages, +17.41% to +16.65%; each alone no longer fit)."""
         singles = [((t, a),) for t, window in enumerate(windows) for a in window]
-        readers: defaultdict[object, list[tuple[int, str]]] = defaultdict(list)
+        readers: defaultdict[Root, list[tuple[int, str]]] = defaultdict(list)
         for ((t, a),) in singles:
             for storage in self.milp.ops_reads[a]:
                 readers[storage].append((t, a))
