@@ -48,14 +48,12 @@ def load_step(spec: str, batch: int, size: int, saved: Path | None) -> tuple[Gra
     versions of the code search the same costs), else measured and, given `saved`, kept."""
     built = build(spec, batch, size)
     plan = Planner(built.model, built.example_inputs, spec=built.spec)
-    graph = plan.capture()[0]
     if saved is not None and saved.exists():
-        step = StepProfile.load(saved, fingerprint=graph.fingerprint())
-    else:
-        step = plan.profile()
-        if saved is not None:
-            step.save(saved)
-    return graph, step.graphs[0]
+        plan.use_profile(StepProfile.load(saved))  # refuses one of another step
+    step = plan.profile()  # the saved profile, or one measured now
+    if saved is not None and not saved.exists():
+        step.save(saved)
+    return plan.capture()[0], step.graphs[0]
 
 
 def search_all(
