@@ -1,0 +1,48 @@
+"""timm models, built from small configs (no download) with their random layers on (dropout,
+stochastic depth): one training step under their lowest front point equals the unmodified
+model's, bitwise on the CPU: outputs, parameter gradients and BatchNorm buffers."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import explorer
+
+# (name, input size, create_model keywords): families whose steps differ from torchvision's
+# convnets: squeeze-excitation with SiLU and stochastic depth drawn per sample
+# (efficientnet), shifted-window attention with rolls and a relative position bias (swin),
+# rotary position embeddings and SwiGLU (eva02)
+MODELS = [
+    ("efficientnet_b0", 64, {"drop_rate": 0.2, "drop_path_rate": 0.2}),
+    (
+        "swin_tiny_patch4_window7_224",
+        56,
+        {
+            "img_size": 56,
+            "depths": (1, 1, 2, 1),
+            "embed_dim": 32,
+            "num_heads": (1, 2, 2, 4),
+            "drop_path_rate": 0.1,
+        },
+    ),
+    ("eva02_tiny_patch14_224", 112, {"img_size": 112, "depth": 2, "drop_path_rate": 0.1}),
+]
+
+
+@pytest.mark.parametrize(("name", "size", "config"), MODELS, ids=[m[0] for m in MODELS])
+def test_one_training_step_equals_the_model(name, size, config, quick_search):
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=10, **config)
+    plan = explorer.Planner(model, torch.randn(4, 3, size, size))
+    front = plan.sweep(points=4)
+    point = front.points[0]
+    assert point.predicted_peak_bytes < front.baseline_peak_bytes
+    report = point.schedule.verify()
+    assert report.ok, report.format_table()
+    rows = {r.quantity: r for r in report.rows}
+    assert rows["outputs"].measured == "bitwise equal"
+    assert rows["parameter gradients"].measured == "bitwise equal"
+    buffers = rows.get("buffers (BatchNorm statistics)")
+    assert buffers is None or buffers.measured == "bitwise equal"
