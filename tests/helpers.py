@@ -20,7 +20,13 @@ from explorer.verify import training_step
 
 REPLAYED = {str(mask): str(replay) for mask, replay in REPLAYS.items()}
 
-__all__ = ["import_schedule", "live_bytes_by_operator", "planner", "train_step"]
+__all__ = [
+    "assert_lowest_point_trains_like_the_model",
+    "import_schedule",
+    "live_bytes_by_operator",
+    "planner",
+    "train_step",
+]
 
 train_step = training_step  # the same step verify runs: seeded forward, random tangents
 
@@ -28,6 +34,22 @@ train_step = training_step  # the same step verify runs: seeded forward, random 
 def planner(spec: str, batch: int, size: int | None) -> explorer.Planner:
     built = build(spec, batch, size)
     return explorer.Planner(built.model, built.example_inputs, spec=built.spec)
+
+
+def assert_lowest_point_trains_like_the_model(plan: explorer.Planner) -> None:
+    """Sweep four budgets: the lowest point keeps less than no recomputation, and one training
+    step under it equals the model's bitwise (outputs, parameter gradients, and buffers where
+    the model has any) within its predicted peak (verify's checks)."""
+    front = plan.sweep(points=4)
+    point = front.points[0]
+    assert point.predicted_peak_bytes < front.baseline_peak_bytes
+    report = point.schedule.verify()
+    assert report.ok, report.format_table()
+    rows = {r.quantity: r for r in report.rows}
+    assert rows["outputs"].measured == "bitwise equal"
+    assert rows["parameter gradients"].measured == "bitwise equal"
+    buffers = rows.get("buffers (BatchNorm statistics)")
+    assert buffers is None or buffers.measured == "bitwise equal"
 
 
 def import_schedule(path: str | Path) -> ModuleType:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers import live_bytes_by_operator
+from helpers import assert_lowest_point_trains_like_the_model, live_bytes_by_operator
 
 import explorer
 from explorer.backend import RESIZED, wrap_with_schedule
@@ -70,15 +70,7 @@ def _t5():
 def test_one_training_step_equals_the_model(build, quick_search):
     torch.manual_seed(0)
     model, inputs = build()
-    plan = explorer.Planner(model, (), inputs)
-    front = plan.sweep(points=4)
-    point = front.points[0]
-    assert point.predicted_peak_bytes < front.baseline_peak_bytes
-    report = point.schedule.verify()
-    assert report.ok, report.format_table()
-    rows = {r.quantity: r for r in report.rows}
-    assert rows["outputs"].measured == "bitwise equal"
-    assert rows["parameter gradients"].measured == "bitwise equal"
+    assert_lowest_point_trains_like_the_model(explorer.Planner(model, (), inputs))
 
 
 def test_a_loss_graph_after_the_model_graph_is_predicted_after_every_operator():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+from helpers import assert_lowest_point_trains_like_the_model
 
 import explorer
 
@@ -36,13 +37,4 @@ def test_one_training_step_equals_the_model(name, size, config, quick_search):
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, num_classes=10, **config)
     plan = explorer.Planner(model, torch.randn(4, 3, size, size))
-    front = plan.sweep(points=4)
-    point = front.points[0]
-    assert point.predicted_peak_bytes < front.baseline_peak_bytes
-    report = point.schedule.verify()
-    assert report.ok, report.format_table()
-    rows = {r.quantity: r for r in report.rows}
-    assert rows["outputs"].measured == "bitwise equal"
-    assert rows["parameter gradients"].measured == "bitwise equal"
-    buffers = rows.get("buffers (BatchNorm statistics)")
-    assert buffers is None or buffers.measured == "bitwise equal"
+    assert_lowest_point_trains_like_the_model(plan)
