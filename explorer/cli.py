@@ -109,6 +109,11 @@ def _planner(args: argparse.Namespace):
 
     device = args.device or _default_device()
     built = build(args.model, args.batch_size, args.input_size, device=device)
+    if built.kind == "custom" and args.batch_size not in (None, built.spec.batch_size):
+        raise UserError(
+            f"{args.model} returns example inputs of batch {built.spec.batch_size}, not "
+            f"--batch-size {args.batch_size}: leave --batch-size out (its inputs decide)"
+        )
     return Planner(
         built.model,
         built.example_inputs,
@@ -248,7 +253,12 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--model", required=required, help="resnet50, sample:unet, or pkg.mod:factory")
-    p.add_argument("--batch-size", type=_positive_int, required=required)
+    p.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help=("needed unless a model factory returns its own example inputs" if required else None),
+    )
     p.add_argument(
         "--input-size",
         type=_positive_int,

@@ -75,10 +75,11 @@ _BN_BATCH_ONE = "Expected more than 1 value per channel when training"
 
 @dataclass
 class ModelSpec:
-    """What to build: a SPEC, the batch size and the input size (None: the model's default)."""
+    """What to build: a SPEC, the batch size and the input size (None: the model's default).
+    The batch size is None only for a factory's own inputs without a batch dimension."""
 
     name: str
-    batch_size: int
+    batch_size: int | None
     input_size: int | None
 
     def to_dict(self) -> dict[str, object]:
@@ -91,7 +92,7 @@ class Built:
     """A model ready to profile: in train mode, on its device, with its example inputs.
 
     kind is "image", "sequence" or "vector", or "custom" when a factory supplied its own
-    example inputs (then batch_size and input_size only label the spec).
+    example inputs (then the spec's batch size is theirs and input_size only labels it).
     """
 
     model: nn.Module
@@ -108,16 +109,27 @@ def list_specs() -> list[str]:
 
 
 def build(
-    spec: str, batch_size: int, input_size: int | None = None, device: str = "cpu", seed: int = 0
+    spec: str,
+    batch_size: int | None,
+    input_size: int | None = None,
+    device: str = "cpu",
+    seed: int = 0,
 ) -> Built:
     """Build SPEC's model and a deterministic example batch; see the module docstring.
 
+    A factory that returns its own example inputs decides the batch: `batch_size` may then be
+    None, and the spec records the inputs' batch (the first dimension of the first tensor
+    with one), whatever was passed, so that a front or an export never names a batch the
+    step was not traced with; where no input has a batch dimension the number passed is kept.
+    Every other model needs `batch_size`.
+
     Raises UserError, with one line that says what exists or what to change, for an unknown
-    SPEC, a factory that cannot be imported or called, a bad device, or a batch or input size
-    the model cannot take (checked by one forward pass on at most two samples, after which
-    the RNG state and buffers such as BatchNorm running statistics are put back).
+    SPEC, a factory that cannot be imported or called, a bad device, a missing batch size,
+    or a batch or input size the model cannot take (checked by one forward pass on at most two
+    samples, after which the RNG state and buffers such as BatchNorm running statistics are
+    put back).
     """
-    _check_sizes(batch_size, input_size)
+    _check_sizes(1 if batch_size is None else batch_size, input_size)
     dev = _device(device)
     torch.manual_seed(seed)
     made = _make(spec, input_size)
@@ -125,7 +137,14 @@ def build(
     if made.inputs is not None:
         inputs = tuple(_to(x, dev) for x in made.inputs)
         kwargs = {k: _to(v, dev) for k, v in (made.kwargs or {}).items()}
-        return Built(model, inputs, ModelSpec(spec, batch_size, input_size), "custom", kwargs)
+        batch = _inputs_batch(inputs, kwargs)
+        label = ModelSpec(spec, batch_size if batch is None else batch, input_size)
+        return Built(model, inputs, label, "custom", kwargs)
+    if batch_size is None:
+        raise UserError(
+            f"{spec} needs a batch size (--batch-size): its example input is made here; "
+            "only a factory that returns its own example inputs goes without"
+        )
     cpu_inputs = _example_inputs(model, made.kind, batch_size, made.size, seed, dev)
     inputs = tuple(x.to(dev) for x in cpu_inputs)
     err = _probe(model, inputs, dev)
@@ -256,6 +275,14 @@ def _split_factory_result(result: object, spec: str) -> tuple[nn.Module, tuple |
         f"{spec} returned {type(result).__name__}; a factory returns an nn.Module, "
         "(module, args), (module, args, kwargs) or (module, kwargs)"
     )
+
+
+def _inputs_batch(args: tuple, kwargs: dict) -> int | None:
+    """The first dimension of the first positional, then keyword, tensor that has one."""
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            return int(x.shape[0])
+    return None
 
 
 def _to(x: object, device: torch.device) -> object:

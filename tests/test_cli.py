@@ -287,10 +287,16 @@ def test_written_files_follow_the_umask(capsys, tmp_path, tiny, umask):
 FACTORIES = """
 import sys
 
+import torch
+from torch import nn
+
 def raises():
     raise RuntimeError("factory bug")
 
 exits = sys.exit
+
+def with_inputs():
+    return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 2)), torch.randn(3, 5)
 """
 
 
@@ -311,6 +317,30 @@ def test_a_factory_that_fails_is_bad_input(capsys, monkeypatch, tmp_path, spec, 
     assert_refused(
         capsys, ["profile", "--model", spec, "--batch-size", "2", "--out", str(out)], expected
     )
+    assert not out.exists()
+
+
+def test_a_factory_with_its_own_inputs_needs_no_batch_size(capsys, monkeypatch, tmp_path):
+    # catches: --batch-size required for every model, or the front recording a number the
+    # step was not traced with (the factory's inputs are batch 3)
+    (tmp_path / "remat_cli_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    spec = ["--model", "remat_cli_factories:with_inputs"]
+    code, err = run(capsys, "sweep", *spec, "--points", "2", "--device", "cpu", "--out", str(out))
+    assert code == 0, err
+    assert json.loads((out / "front.json").read_text())["model"]["model"]["batch_size"] == 3
+    again = tmp_path / "again"
+    args = ["profile", *spec, "--batch-size", "8", "--out", str(again)]
+    assert_refused(capsys, args, "batch 3, not --batch-size 8")
+    assert not again.exists()
+
+
+def test_a_model_whose_input_is_made_here_needs_a_batch_size(capsys, tmp_path):
+    # catches: a missing --batch-size reaching the model builder as None (an internal error)
+    out = tmp_path / "out"
+    args = ["profile", "--model", "sample:tiny_mlp", "--out", str(out)]
+    assert_refused(capsys, args, "sample:tiny_mlp needs a batch size (--batch-size)")
     assert not out.exists()
 
 

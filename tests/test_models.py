@@ -179,6 +179,19 @@ def test_factory_spec_with_own_inputs(factory_module: str) -> None:
     _step(built)
 
 
+@pytest.mark.parametrize("asked", [None, 7])
+def test_own_inputs_decide_the_recorded_batch(factory_module: str, asked: int | None) -> None:
+    # catches: the spec (what fronts and exports record) naming a batch that was asked for
+    # but not traced
+    assert build(f"{factory_module}:with_inputs", asked).spec.batch_size == 4
+
+
+def test_a_made_input_needs_a_batch_size(factory_module: str) -> None:
+    for spec in ("sample:tiny_mlp", f"{factory_module}:plain"):
+        with pytest.raises(UserError, match="needs a batch size"):
+            build(spec, None)
+
+
 @pytest.mark.parametrize(
     ("factory", "expected"),
     [
