@@ -20,6 +20,10 @@ the new graph gets a plan:
   recomputed just before its first use (explorer.program.schedule_from_saved), simulated, and a
   warning, once, if that exceeds the budget. Always correct; the budget is what may suffer.
 
+A plan counts one run of each graph per step: a forward that runs a planned graph again (a path
+through a loop that Dynamo split, other than the path planned; capture refuses a step that does
+so) trains exactly and warns, once.
+
 Contract, for users of the wrapped module:
 - it is called like the model (positional and keyword inputs, any output structure) and
   gradients land in the original parameters' `.grad` (and inputs' `.grad`); the wrapped module
@@ -43,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import types
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +135,11 @@ class RematBackend:
         self.budget_bytes = budget_bytes
         self.plans: list[GraphPlan] = []
         self._warned: set[str] = set()
+        # forward runs of each planned graph, by its number in compile order, since the
+        # caller last cleared them (a plan counts one run of each graph per step)
+        self.runs: Counter[int] = Counter()
+        self._partitioned = 0  # graphs planned so far
+        self._planned: int | None = None  # the graph just planned, until its forward compiles
         self._compile = aot_autograd(
             fw_compiler=self._compile_forward,
             bw_compiler=_boxed,
@@ -141,7 +151,28 @@ class RematBackend:
         return self._compile(gm, example_inputs)
 
     def _compile_forward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
-        return _boxed(gm, example_inputs)
+        """The forward, counting its runs when it is a planned graph's (not an inference
+        graph's, which has no plan)."""
+        run = _boxed(gm, example_inputs)
+        number, self._planned = self._planned, None
+        if number is None:
+            return run
+
+        def counted(args: list) -> Any:
+            self.runs[number] += 1
+            return run(args)
+
+        counted._boxed_call = True  # type: ignore[attr-defined]
+        return counted
+
+    def most_runs(self) -> int:
+        """The most forward runs of one planned graph since `runs` was cleared.
+
+        A plan counts each graph once per step. Dynamo reuses one graph for every pass of a
+        loop, or every call of a layer, that it split the model inside (a graph break there,
+        for instance at a data-dependent branch such as LayerDrop's); each pass keeps its own
+        activations, which the plan does not count."""
+        return max(self.runs.values(), default=0)
 
     def _partition(
         self,
@@ -155,6 +186,8 @@ class RematBackend:
         compact_dropout(joint)
         graph = describe(joint.graph, num_fwd_outputs, static_lifetime_input_indices)
         schedule = self._schedule_for(joint, graph, num_fwd_outputs)
+        self._partitioned += 1
+        self._planned = self._partitioned
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
         return forward, backward
@@ -317,6 +350,7 @@ class RematModule(nn.Module):
         # plain attributes, outside nn.Module's registry of submodules and state
         object.__setattr__(self, "backend", backend)
         object.__setattr__(self, "_compiled", compile_call(backend))
+        object.__setattr__(self, "_warned_runs", False)
 
     @property
     def plans(self) -> list[GraphPlan]:
@@ -326,13 +360,27 @@ class RematModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
+        self.backend.runs.clear()
         with dynamo_settings():
-            return self._compiled(self.model, *args, **kwargs)
+            result = self._compiled(self.model, *args, **kwargs)
+        runs = self.backend.most_runs()
+        if runs > 1 and not self._warned_runs:
+            object.__setattr__(self, "_warned_runs", True)
+            warnings.warn(
+                f"remat-explorer: this step ran one of its graphs {runs} times, where the "
+                "plan counts one (Dynamo reuses a graph for each pass of a loop it split the "
+                "model inside, for instance at a random branch such as LayerDrop's): the "
+                "peak may exceed the budget",
+                RematWarning,
+                stacklevel=2,
+            )
+        return result
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("backend", None)
         state.pop("_compiled", None)
+        state.pop("_warned_runs", None)
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -6,7 +6,9 @@ end: Dynamo's graphs, each turned by AOTAutograd into a joint forward+backward F
 model's forward runs once, for real, under `torch.compile` (so Dynamo sees real inputs and
 Python values); its BatchNorm statistics and the RNG state are put back afterwards, so planning
 never changes the model. Most models give one graph; code Dynamo cannot trace splits the model
-into several (a graph break), each planned.
+into several (a graph break), each planned. A graph break inside a loop over layers makes
+Dynamo run one graph for every pass, which a plan (one run of each graph per step) cannot
+account for: such a step is refused.
 
 The example inputs follow `torch.export`: positional `args` (a tensor or a tuple) and keyword
 `kwargs`. The step planned is the model's forward and its backward from the gradients of every
@@ -129,6 +131,15 @@ def capture(
             raise UserError(f"cannot capture the model: {first_line(exc)}") from exc
     captured, recorder.captured = recorder.captured, []  # the cache entry must not hold them
     recorder.done = True
+    runs = recorder.most_runs()
+    if runs > 1:
+        raise UserError(
+            f"cannot plan this step: it runs one of its graphs {runs} times, and a plan counts "
+            "each graph once, so its memory would be wrong (Dynamo split the model inside a "
+            "loop or a layer called more than once, for instance at a random branch such as "
+            "LayerDrop's, and reuses one graph for each pass): remove that graph break "
+            "(torch._dynamo.explain lists them) or turn the branch off"
+        )
     _handoffs(captured, tensors_in((args, kwargs)), tensors_in(result))
     for graph in captured:
         graph.outputs = []  # only their identities were needed

@@ -9,6 +9,9 @@ import uuid
 from pathlib import Path
 from types import ModuleType
 
+import torch
+from torch import nn
+
 import explorer
 from explorer.backend import wrap_with_schedule
 from explorer.memory import LiveBytesTracker
@@ -24,6 +27,7 @@ __all__ = [
     "assert_lowest_point_trains_like_the_model",
     "import_schedule",
     "live_bytes_by_operator",
+    "Passes",
     "planner",
     "train_step",
 ]
@@ -95,3 +99,29 @@ def live_bytes_by_operator(
             found.append((label, expected, live))
     assert len(found) == len(predicted), f"{predicted[len(found)][0]} never ran"
     return found
+
+
+class _PassBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)).sin()
+
+
+class Passes(nn.Module):
+    """Blocks applied in a loop that Dynamo splits at every pass (a graph break inside), so
+    the loop runs eagerly and the blocks' forward is compiled on its own: a graph for the
+    first block, then one more, which every later block runs."""
+
+    def __init__(self, passes: int) -> None:
+        super().__init__()
+        self.passes = passes
+        self.blocks = nn.ModuleList(_PassBlock() for _ in range(4))
+
+    def forward(self, x):
+        for block in self.blocks[: self.passes]:
+            torch._dynamo.graph_break()
+            x = block(x)
+        return x

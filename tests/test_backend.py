@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import live_bytes_by_operator
+from helpers import Passes, live_bytes_by_operator
 from torch import nn
 
 import explorer
@@ -269,6 +269,27 @@ def test_python_flags_and_random_are_followed():
             expected = reference(x)
             random.seed(seed)
             assert torch.equal(wrapped(x), expected), (double, seed)
+
+
+def test_a_path_that_runs_a_graph_again_is_warned_about_once():
+    # catches: a step (another path than the one planned) running one graph several times,
+    # which the plan counts once, going by without a word
+    x = torch.randn(8, 16)
+    torch.manual_seed(0)
+    plan, schedule = _lowest(Passes(2), x)
+    reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        wrapped(x).sum().backward()  # the path planned: no warning
+    reference(x).sum().backward()
+    reference.passes = wrapped.model.passes = 4
+    with pytest.warns(RematWarning, match="ran one of its graphs 3 times"):
+        wrapped(x).sum().backward()
+    reference(x).sum().backward()
+    assert _same_grads(reference, wrapped.model)  # still exact: only the memory is off
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        wrapped(x)  # once
 
 
 def test_spectral_norm_trains_like_the_model():

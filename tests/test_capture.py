@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from helpers import Passes
 from torch import nn
 
 from explorer.capture import capture
@@ -102,6 +103,14 @@ def test_data_dependent_python_gives_several_graphs():
     graphs = capture(_DataDependent().train(), (torch.randn(2, 4),))
     assert len(graphs) == 2
     assert all(any(n.phase == BACKWARD for n in g.graph.nodes) for g in graphs)
+
+
+def test_a_graph_run_more_than_once_a_step_is_refused():
+    # catches: planning a step whose blocks' graph runs three times as if it ran once (the
+    # wrapped model's peak was 33% over its prediction, with no word)
+    with pytest.raises(UserError, match="runs one of its graphs 3 times"):
+        capture(Passes(4).train(), (torch.randn(8, 16),))
+    assert capture(Passes(2).train(), (torch.randn(8, 16),))  # each graph once: planned
 
 
 class _Constants(nn.Module):
