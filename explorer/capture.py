@@ -36,7 +36,7 @@ from explorer.graph import (
     Graph,
     ValueRef,
 )
-from explorer.modelstate import kept, tensors_in
+from explorer.modelstate import kept, output_tensors, tensors_in
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
 
@@ -140,7 +140,7 @@ def capture(
             "LayerDrop's, and reuses one graph for each pass): remove that graph break "
             "(torch._dynamo.explain lists them) or turn the branch off"
         )
-    _handoffs(captured, tensors_in((args, kwargs)), tensors_in(result))
+    _handoffs(captured, tensors_in((args, kwargs)), output_tensors(result))
     for graph in captured:
         graph.outputs = []  # only their identities were needed
         graph.runtime = call

@@ -60,6 +60,36 @@ def tensors_in(inputs: Any) -> list[torch.Tensor]:
     return [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]
 
 
+def output_tensors(result: Any) -> list[torch.Tensor]:
+    """The tensors a model's result holds: those of its nest of tuples, lists, dicts and
+    registered pytree nodes (`ModelOutput`), in that order, then the step's tensors (with a
+    `grad_fn`) inside objects that pytree does not open, found through their attributes,
+    lists, tuples and dicts, depth first: a transformers `DynamicCache` (`use_cache=True`)
+    holds each layer's key and value states so. Modules are not searched: their parameters
+    are not outputs."""
+    leaves = tree_leaves(result)
+    found = [x for x in leaves if isinstance(x, torch.Tensor)]
+    seen: set[int] = set()
+    stack = [x for x in reversed(leaves) if not isinstance(x, torch.Tensor)]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen or isinstance(item, (nn.Module, type, str, bytes)):
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if item.grad_fn is not None:
+                found.append(item)
+            continue
+        if isinstance(item, dict):
+            inner = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            inner = list(item)
+        else:
+            inner = list(getattr(item, "__dict__", {}).values())
+        stack.extend(reversed(inner))
+    return found
+
+
 def device_of(model: nn.Module, inputs: Any) -> torch.device:
     """The model's device (its first parameter's), else the first input's, else the CPU."""
     first = next(model.parameters(), None)

@@ -46,13 +46,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from explorer.backend import EXACT, RematError, wrap_with_schedule
 from explorer.errors import UserError, first_line
 from explorer.export import read_module
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
-from explorer.modelstate import as_trained, grad_holders, tensors_in
+from explorer.modelstate import as_trained, grad_holders, output_tensors, tensors_in
 from explorer.schedule import Schedule
 from explorer.units import format_bytes
 
@@ -127,10 +126,13 @@ def training_step(
     predicted peak). Returns the outputs, detached, in pytree order.
 
     Tangents are drawn in each output's dtype, or in `tangent_dtype` and then cast (a float64
-    run of a float32 model draws the float32 run's tangents)."""
+    run of a float32 model draws the float32 run's tangents).
+
+    Outputs inside objects that pytree does not open count too, after the others: a
+    transformers `DynamicCache` (`use_cache=True`) holds each layer's key and value states,
+    which the step returns and the plan gives a tangent each, like any output."""
     torch.manual_seed(seed)
-    outputs = [o for o in tree_flatten(model(*inputs, **(kwargs or {})))[0]]
-    tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
+    tensors = output_tensors(model(*inputs, **(kwargs or {})))
     differentiable: list[torch.Tensor] = []
     for output in tensors:
         storage = output.untyped_storage()
