@@ -5,10 +5,11 @@ The planner captures through the same `torch.compile` backend the runtime uses
 end: Dynamo's graphs, each turned by AOTAutograd into a joint forward+backward FX graph. The
 model's forward runs once, for real, under `torch.compile` (so Dynamo sees real inputs and
 Python values); its BatchNorm statistics and the RNG state are put back afterwards, so planning
-never changes the model. Most models give one graph; code Dynamo cannot trace splits the model
-into several (a graph break), each planned. A graph break inside a loop over layers makes
-Dynamo run one graph for every pass, which a plan (one run of each graph per step) cannot
-account for: such a step is refused.
+never changes the model. It runs after one eager forward, whose result is dropped: a model's
+first call may differ from every later one. Most models give one graph; code Dynamo cannot
+trace splits the model into several (a graph break), each planned. A graph break inside a
+loop over layers makes Dynamo run one graph for every pass, which a plan (one run of each
+graph per step) cannot account for: such a step is refused.
 
 The example inputs follow `torch.export`: positional `args` (a tensor or a tuple) and keyword
 `kwargs`. The step planned is the model's forward and its backward from the gradients of every
@@ -120,6 +121,8 @@ def capture(
     run under it. Raises UserError when nothing in the step needs a gradient, or when Dynamo or
     AOTAutograd cannot capture the model (the message names the failing construct).
     """
+    with kept(model, (args, kwargs)), _autocast(args, autocast):
+        _first_call(model, args, kwargs or {})
     recorder = _Recorder()
     call = compile_call(recorder)
     with kept(model, (args, kwargs)), dynamo_settings(), _autocast(args, autocast):
@@ -151,6 +154,17 @@ def capture(
             "an nn.LSTM/nn.GRU with nothing around it)"
         )
     return captured
+
+
+def _first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Run the forward once, eagerly, and drop its result, so that what a model does on its
+    first call only is not what is planned: transformers installs its output-capturing hooks
+    then, behind a lock Dynamo cannot trace (segformer's first step was two graphs, every
+    later one a single graph the plan had not seen)."""
+    try:
+        model(*args, **kwargs)
+    except Exception as exc:
+        raise UserError(f"the model's forward raised {first_line(exc)}") from exc
 
 
 def _handoffs(

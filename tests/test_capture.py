@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -111,6 +112,33 @@ def test_a_graph_run_more_than_once_a_step_is_refused():
     with pytest.raises(UserError, match="runs one of its graphs 3 times"):
         capture(Passes(4).train(), (torch.randn(8, 16),))
     assert capture(Passes(2).train(), (torch.randn(8, 16),))  # each graph once: planned
+
+
+class _HookedOnFirstCall(nn.Module):
+    """Sets itself up on its first call behind a lock, as transformers installs its
+    output-capturing hooks: Dynamo cannot trace the lock, so only the first call breaks."""
+
+    lock = threading.Lock()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.ready = False
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        if not self.ready:
+            with self.lock:
+                self.ready = True
+        return self.second(h)
+
+
+def test_what_a_model_does_on_its_first_call_only_is_not_planned():
+    # catches: planning the first call where every later step is another graph, which the
+    # runtime then ran under a plan carried over (segformer: its peak 6 KB over the prediction)
+    model, x = _HookedOnFirstCall().train(), torch.randn(4, 8)
+    first = [g.graph.fingerprint() for g in capture(model, (x,))]
+    assert first == [g.graph.fingerprint() for g in capture(model, (x,))]
 
 
 class _Constants(nn.Module):

@@ -222,3 +222,28 @@ def test_an_output_that_views_another_gets_no_tangent_of_its_own(tmp_path):
     report = explorer.verify(path, model=model, example_inputs=(x,))
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
     assert report.ok and peak.measured == peak.predicted, report.format_table()
+
+
+class _SliceOutput(nn.Module):
+    """Returns the last 15 of 24 positions, a slice laid out with its source's strides, as
+    transformers' Gemma2 returns its sliding-window keys and values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.layer(x))[:, 9:]
+
+
+def test_a_strided_output_gets_a_tangent_laid_out_like_it(tmp_path):
+    # catches: a contiguous tangent, which AOTAutograd copies into the output's strides before
+    # the backward (Gemma2 measured 3,832 bytes over its prediction and failed verify)
+    torch.manual_seed(0)
+    model, x = _SliceOutput(), torch.randn(4, 24, 8)
+    assert not model(x).is_contiguous()
+    plan = explorer.Planner(model, x)
+    path = plan.baseline().export(tmp_path / "slice_plan.py")
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert report.ok and peak.measured == peak.predicted, report.format_table()
