@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import Passes
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from explorer.capture import capture
 from explorer.errors import UserError
@@ -139,6 +140,33 @@ def test_what_a_model_does_on_its_first_call_only_is_not_planned():
     model, x = _HookedOnFirstCall().train(), torch.randn(4, 8)
     first = [g.graph.fingerprint() for g in capture(model, (x,))]
     assert first == [g.graph.fingerprint() for g in capture(model, (x,))]
+
+
+class _Checkpointed(nn.Module):
+    """A block run under torch.utils.checkpoint, with or without a BatchNorm inside."""
+
+    def __init__(self, batch_norm: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4) if batch_norm else nn.Identity()
+
+    def block(self, x):
+        return torch.relu(self.norm(self.conv(x)))
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False).sum()
+
+
+def test_a_model_that_checkpoints_its_own_batch_norm_is_refused():
+    # catches: planning it, after which its running statistics were updated once a step where
+    # eager PyTorch updates them twice (DenseNet's memory_efficient=True: 0.14 apart)
+    x = torch.randn(2, 3, 8, 8)
+    eager = _Checkpointed(batch_norm=True).train()
+    eager(x).backward()
+    assert eager.norm.num_batches_tracked == 2  # the premise: one step, two updates
+    with pytest.raises(UserError, match="checkpoints its own BatchNorm layers"):
+        capture(_Checkpointed(batch_norm=True).train(), (x,))
+    assert capture(_Checkpointed(batch_norm=False).train(), (x,))  # nothing updated twice
 
 
 class _Constants(nn.Module):
