@@ -9,6 +9,7 @@ Parameters are not copied: a forward and a backward read them but do not write t
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,6 +40,19 @@ def kept(model: nn.Module, inputs: Any) -> Iterator[None]:
                 tensor.grad = grad
             for module, training in modes:
                 module.training = training
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """A deep copy of `model`. A tensor that a module keeps from its last forward (RAFT keeps
+    its correlation pyramid so) has a `grad_fn`, and deepcopy refuses such tensors: the copy
+    gets it detached."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for value in vars(module).values():
+            for tensor in tree_leaves(value):
+                if isinstance(tensor, torch.Tensor) and not tensor.is_leaf:
+                    memo[id(tensor)] = tensor.detach().clone()
+    return copy.deepcopy(model, memo)
 
 
 def as_trained(model: nn.Module) -> nn.Module:

@@ -38,7 +38,6 @@ PyTorch, not promises of the schedule.
 from __future__ import annotations
 
 import contextlib
-import copy
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,7 +50,13 @@ from explorer.backend import EXACT, RematError, wrap_with_schedule
 from explorer.errors import UserError, first_line
 from explorer.export import read_module
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
-from explorer.modelstate import as_trained, grad_holders, output_tensors, tensors_in
+from explorer.modelstate import (
+    as_trained,
+    copy_model,
+    grad_holders,
+    output_tensors,
+    tensors_in,
+)
 from explorer.schedule import Schedule
 from explorer.units import format_bytes
 
@@ -263,8 +268,8 @@ def verify(
     made_for, schedule = read_module(path)
     reference, args, kwargs = _models(made_for, model, example_inputs, example_kwargs, device)
     autocast = autocast or _dtype(made_for.get("autocast"))
-    candidate = copy.deepcopy(reference)
-    exact_model = copy.deepcopy(reference) if autocast is None else None  # for the float64 run
+    candidate = copy_model(reference)
+    exact_model = copy_model(reference) if autocast is None else None  # for the float64 run
     try:
         wrapped = wrap_with_schedule(candidate, made_for, schedule)
     except RematError as exc:
@@ -488,7 +493,7 @@ def _models(made_for, model, example_inputs, example_kwargs, device):
             raise UserError("verify(model=...) needs example_inputs (and/or example_kwargs) too")
         args = example_inputs if example_inputs is not None else ()
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
-        return as_trained(copy.deepcopy(model)), args, dict(example_kwargs or {})
+        return as_trained(copy_model(model)), args, dict(example_kwargs or {})
     from explorer.models import build
 
     spec = made_for.get("model", {})

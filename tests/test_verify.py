@@ -247,3 +247,30 @@ def test_a_strided_output_gets_a_tangent_laid_out_like_it(tmp_path):
     report = explorer.verify(path, model=model, example_inputs=(x,))
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
     assert report.ok and peak.measured == peak.predicted, report.format_table()
+
+
+class _KeepsItsLastResult(nn.Module):
+    """Keeps what its forward computed as an attribute, as RAFT keeps its correlation
+    pyramid: after a step the model holds a tensor with a grad_fn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+        self.last: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.layer(x))
+        self.last = [y]
+        return y
+
+
+def test_a_model_that_keeps_tensors_of_its_last_step_is_verified(tmp_path):
+    # catches: copying the model with deepcopy alone, which refuses a tensor with a grad_fn
+    # (RAFT: verify ended in a RuntimeError instead of its table)
+    torch.manual_seed(0)
+    model, x = _KeepsItsLastResult(), torch.randn(4, 8)
+    path = explorer.Planner(model, x).baseline().export(tmp_path / "keeps_plan.py")
+    model(x)
+    assert model.last[0].grad_fn is not None
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    assert report.ok, report.format_table()
