@@ -216,9 +216,13 @@ def test_an_output_that_views_another_gets_no_tangent_of_its_own(tmp_path):
     # budget: the step drew a (2, 2) tangent for logits_per_image, a view of logits_per_text,
     # which the graph returns once. catches: a tangent for each output, views included
     torch.manual_seed(0)
-    model, x = _ViewOutput(), torch.randn(64, 8)
-    plan = explorer.Planner(model, x)
-    path = plan.baseline().export(tmp_path / "view_plan.py")
+    _assert_no_recompute_plan_verifies_exactly(_ViewOutput(), torch.randn(64, 8), tmp_path)
+
+
+def _assert_no_recompute_plan_verifies_exactly(model: nn.Module, x: torch.Tensor, folder) -> None:
+    """Export the model's no-recompute plan and verify it: every row passes and the measured
+    peak is the predicted one, to the byte."""
+    path = explorer.Planner(model, x).baseline().export(folder / "plan.py")
     report = explorer.verify(path, model=model, example_inputs=(x,))
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
     assert report.ok and peak.measured == peak.predicted, report.format_table()
@@ -242,11 +246,7 @@ def test_a_strided_output_gets_a_tangent_laid_out_like_it(tmp_path):
     torch.manual_seed(0)
     model, x = _SliceOutput(), torch.randn(4, 24, 8)
     assert not model(x).is_contiguous()
-    plan = explorer.Planner(model, x)
-    path = plan.baseline().export(tmp_path / "slice_plan.py")
-    report = explorer.verify(path, model=model, example_inputs=(x,))
-    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
-    assert report.ok and peak.measured == peak.predicted, report.format_table()
+    _assert_no_recompute_plan_verifies_exactly(model, x, tmp_path)
 
 
 class _KeepsItsLastResult(nn.Module):
