@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from explorer.backend import EXACT, RematError, wrap_with_schedule
 from explorer.errors import UserError, first_line
@@ -367,7 +368,10 @@ def _float64_step(
     model: nn.Module, args: tuple, kwargs: dict, seed: int, needs_grad: list[int], outputs: list
 ) -> dict[str, list]:
     """The same training step in float64, from the same state, seed and tangents: the exact
-    answer the two float32 runs are measured against, by check name."""
+    answer the two float32 runs are measured against, by check name. Inputs nested in lists
+    and dicts are widened too (torchvision's Faster R-CNN takes a list of images and a list
+    of target dicts), and so is what the model makes without naming a dtype (the default
+    dtype is float64 for the step)."""
     model = model.to(torch.float64)
 
     def widen(x: Any) -> Any:
@@ -375,9 +379,14 @@ def _float64_step(
             return x.detach().to(torch.float64).requires_grad_(x.requires_grad)
         return x
 
-    args64, kwargs64 = tuple(widen(a) for a in args), {k: widen(v) for k, v in kwargs.items()}
+    args64, kwargs64 = tree_map(widen, tuple(args)), tree_map(widen, dict(kwargs))
     tangent_dtype = next((o.dtype for o in outputs if o.is_floating_point()), None)
-    out = training_step(model, args64, seed, kwargs64, tangent_dtype=tangent_dtype)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = training_step(model, args64, seed, kwargs64, tangent_dtype=tangent_dtype)
+    finally:
+        torch.set_default_dtype(default)
     inputs = tensors_in((args64, kwargs64))
     return {
         "outputs": out,

@@ -92,6 +92,27 @@ def test_verify_measures_other_arithmetic_against_a_float64_step(tmp_path, shift
         assert "no further from float64" in rows["parameter gradients"].note
 
 
+class _OtherKernelsOnAList(_OtherKernels):
+    """Takes its input inside a list and makes a tensor without naming its dtype, as
+    torchvision's Faster R-CNN takes a list of images."""
+
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return super().forward(xs[0]) @ torch.eye(8)  # a matmul takes one dtype
+
+
+def test_the_float64_step_widens_nested_inputs_and_what_the_model_makes(tmp_path):
+    # catches: widening only the top-level inputs, under float32 as the default dtype (Faster
+    # R-CNN's float64 step did not run, so verify could not judge its compiled arithmetic)
+    torch.manual_seed(0)
+    model, xs = _OtherKernelsOnAList(), [torch.randn(32, 64)]
+    path = explorer.Planner(model, (xs,)).baseline().export(tmp_path / "on_a_list.py")
+    report = explorer.verify(path, model=model, example_inputs=(xs,))
+    assert report.ok, report.format_table()
+    gradients = next(r for r in report.rows if r.quantity == "parameter gradients")
+    assert "no further from float64" in gradients.note
+    assert torch.get_default_dtype() == torch.float32  # put back
+
+
 class _NoFloat64(_OtherKernels):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float64:
