@@ -28,7 +28,7 @@ from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
 from explorer.errors import UserError, first_line
-from explorer.fxgraph import is_tangent
+from explorer.fxgraph import BATCH_NORM, is_tangent
 from explorer.graph import (
     PLACEHOLDER,
     ROLE_CONSTANT,
@@ -157,10 +157,6 @@ def capture(
     return captured
 
 
-# the training-mode BatchNorm of a joint graph (explorer.fxgraph)
-_BATCH_NORM = "aten._native_batch_norm_legit_functional.default"
-
-
 def _refuse_checkpointed_batch_norm(captured: list[CapturedGraph]) -> None:
     """Refuse a model that checkpoints its own BatchNorm layers (torch.utils.checkpoint, which
     Dynamo records on the joint graph's nodes as meta["recompute"]). Eager PyTorch runs such a
@@ -169,7 +165,7 @@ def _refuse_checkpointed_batch_norm(captured: list[CapturedGraph]) -> None:
     step); a planned step updates them once, so it would train differently."""
     for graph in captured:
         for node in graph.joint.graph.nodes:
-            if str(node.target) == _BATCH_NORM and "recompute" in node.meta:
+            if str(node.target) == BATCH_NORM and "recompute" in node.meta:
                 raise UserError(
                     "cannot plan this step: the model checkpoints its own BatchNorm layers "
                     "(torch.utils.checkpoint; torchvision's DenseNet with memory_efficient=True), "

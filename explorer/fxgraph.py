@@ -124,8 +124,9 @@ def _pin(nodes: list[Node]) -> None:
 
 
 _COPIES = {"aten.copy_.default"}
+BATCH_NORM = "aten._native_batch_norm_legit_functional.default"  # training-mode BatchNorm
 # training-mode BatchNorm reads the running statistics only to return their update
-_STATS_READERS = {"aten._native_batch_norm_legit_functional.default"}
+_STATS_READERS = {BATCH_NORM}
 
 
 def _output_list(fxn: fx.Node) -> list:

@@ -19,7 +19,7 @@ from explorer.models import build
 from explorer.program import operator_of
 from explorer.rngreplay import REPLAYS
 from explorer.schedule import Schedule
-from explorer.verify import training_step
+from explorer.verify import VerifyReport, training_step
 
 REPLAYED = {str(mask): str(replay) for mask, replay in REPLAYS.items()}
 
@@ -40,10 +40,10 @@ def planner(spec: str, batch: int, size: int | None) -> explorer.Planner:
     return explorer.Planner(built.model, built.example_inputs, spec=built.spec)
 
 
-def assert_lowest_point_trains_like_the_model(plan: explorer.Planner) -> None:
+def assert_lowest_point_trains_like_the_model(plan: explorer.Planner) -> VerifyReport:
     """Sweep four budgets: the lowest point keeps less than no recomputation, and one training
     step under it equals the model's bitwise (outputs, parameter gradients, and buffers where
-    the model has any) within its predicted peak (verify's checks)."""
+    the model has any) within its predicted peak (verify's checks). Returns verify's report."""
     front = plan.sweep(points=4)
     point = front.points[0]
     assert point.predicted_peak_bytes < front.baseline_peak_bytes
@@ -54,6 +54,7 @@ def assert_lowest_point_trains_like_the_model(plan: explorer.Planner) -> None:
     assert rows["parameter gradients"].measured == "bitwise equal"
     buffers = rows.get("buffers (BatchNorm statistics)")
     assert buffers is None or buffers.measured == "bitwise equal"
+    return report
 
 
 def import_schedule(path: str | Path) -> ModuleType:
