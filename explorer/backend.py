@@ -20,9 +20,9 @@ the new graph gets a plan:
   recomputed just before its first use (explorer.program.schedule_from_saved), simulated, and a
   warning, once, if that exceeds the budget. Always correct; the budget is what may suffer.
 
-A plan counts one run of each graph per step: a forward that runs a planned graph again (a path
-through a loop that Dynamo split, other than the path planned; capture refuses a step that does
-so) trains exactly and warns, once.
+A plan counts how many times the step runs each graph (Dynamo reuses one graph for every pass
+of a loop it split the model inside; every run follows the graph's one schedule): a forward that
+runs a graph more often (a path other than the one planned) trains exactly and warns, once.
 
 Contract, for users of the wrapped module:
 - it is called like the model (positional and keyword inputs, any output structure) and
@@ -136,8 +136,9 @@ class RematBackend:
         self.plans: list[GraphPlan] = []
         self._warned: set[str] = set()
         # forward runs of each planned graph, by its number in compile order, since the
-        # caller last cleared them (a plan counts one run of each graph per step)
+        # caller last cleared them, and how many runs a step of the plan makes of each
         self.runs: Counter[int] = Counter()
+        self.counted_runs: dict[int, int] = {}
         self._partitioned = 0  # graphs planned so far
         self._planned: int | None = None  # the graph just planned, until its forward compiles
         self._compile = aot_autograd(
@@ -165,14 +166,19 @@ class RematBackend:
         counted._boxed_call = True  # type: ignore[attr-defined]
         return counted
 
-    def most_runs(self) -> int:
-        """The most forward runs of one planned graph since `runs` was cleared.
+    def runs_beyond_plan(self) -> tuple[int, int] | None:
+        """A planned graph's forward runs since `runs` was cleared, and the runs the plan
+        counts of it, for the first graph that ran more often than counted; else None.
 
-        A plan counts each graph once per step. Dynamo reuses one graph for every pass of a
-        loop, or every call of a layer, that it split the model inside (a graph break there,
-        for instance at a data-dependent branch such as LayerDrop's); each pass keeps its own
-        activations, which the plan does not count."""
-        return max(self.runs.values(), default=0)
+        Dynamo reuses one graph for every pass of a loop, or every call of a layer, that it
+        split the model inside (a graph break there, for instance at a data-dependent branch
+        such as LayerDrop's); each pass keeps its own activations, which a plan made for
+        fewer passes does not count."""
+        for number, runs in self.runs.items():
+            counted = self.counted_runs.get(number, 1)
+            if runs > counted:
+                return runs, counted
+        return None
 
     def _partition(
         self,
@@ -188,6 +194,10 @@ class RematBackend:
         schedule = self._schedule_for(joint, graph, num_fwd_outputs)
         self._partitioned += 1
         self._planned = self._partitioned
+        structure = graph.structure()
+        self.counted_runs[self._planned] = max(
+            1, sum(s.structure == structure for s in self.schedules)
+        )
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
         return forward, backward
@@ -363,14 +373,14 @@ class RematModule(nn.Module):
         self.backend.runs.clear()
         with dynamo_settings():
             result = self._compiled(self.model, *args, **kwargs)
-        runs = self.backend.most_runs()
-        if runs > 1 and not self._warned_runs:
+        beyond = self.backend.runs_beyond_plan()
+        if beyond is not None and not self._warned_runs:
             object.__setattr__(self, "_warned_runs", True)
             warnings.warn(
-                f"remat-explorer: this step ran one of its graphs {runs} times, where the "
-                "plan counts one (Dynamo reuses a graph for each pass of a loop it split the "
-                "model inside, for instance at a random branch such as LayerDrop's): the "
-                "peak may exceed the budget",
+                f"remat-explorer: this step ran one of its graphs {beyond[0]} times, where the "
+                f"plan counts {beyond[1]} (Dynamo reuses a graph for each pass of a loop it "
+                "split the model inside, for instance at a random branch such as LayerDrop's): "
+                "the peak may exceed the budget",
                 RematWarning,
                 stacklevel=2,
             )

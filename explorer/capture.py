@@ -8,8 +8,8 @@ Python values); its BatchNorm statistics and the RNG state are put back afterwar
 never changes the model. It runs after one eager forward, whose result is dropped: a model's
 first call may differ from every later one. Most models give one graph; code Dynamo cannot
 trace splits the model into several (a graph break), each planned. A graph break inside a
-loop over layers makes Dynamo run one graph for every pass, which a plan (one run of each
-graph per step) cannot account for: such a step is refused.
+loop over layers makes Dynamo run one graph for every pass: each run is a graph of the step
+(`CapturedGraph`, in the order they ran), all runs of one graph under one schedule.
 
 The example inputs follow `torch.export`: positional `args` (a tensor or a tuple) and keyword
 `kwargs`. The step planned is the model's forward and its backward from the gradients of every
@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
+from explorer.eager import eager_code
 from explorer.errors import UserError, first_line
 from explorer.fxgraph import BATCH_NORM, is_tangent
 from explorer.graph import (
     PLACEHOLDER,
     ROLE_CONSTANT,
     ROLE_INPUT,
+    ROLE_PARAM,
     ROLE_TANGENT,
     Graph,
     ValueRef,
@@ -48,14 +50,19 @@ HANDED_TANGENTS_KEPT = torch.torch_version.TorchVersion(torch.__version__) < "2.
 
 @dataclass
 class CapturedGraph:
-    """One joint graph of the step: its FX form, its IR, and real values for its inputs."""
+    """One run of a joint graph in the step: its FX form, its IR, and real values for its
+    inputs. A graph the step runs several times (Dynamo reuses one graph for every pass of a
+    loop it split) gives one of these per run, sharing the joint graph and its IR."""
 
     joint: fx.GraphModule
     graph: Graph
     num_fwd_outputs: int
-    primals: list[torch.Tensor]  # what Dynamo passed for each graph input (for profiling)
+    primals: list[torch.Tensor]  # what this run read for each graph input (for profiling)
     outputs: list = field(default_factory=list)  # what its forward returned, during capture
     handoff: Handoff = field(default_factory=Handoff)
+    # the earlier run of the step of this same compiled graph, whose schedule this run follows
+    # (the runtime has one schedule per compiled graph); None for a graph's first run
+    same_graph_as: int | None = None
     # the compiled step that captured it (every graph of the step, without recomputation):
     # what the profile times as the runtime's own step (explorer.stepcost), compiled once
     runtime: Callable[..., Any] | None = field(default=None, repr=False)
@@ -73,29 +80,40 @@ class CapturedGraph:
 
 
 class _Recorder(RematBackend):
-    """The runtime's backend, recording each joint graph and running it without recomputation."""
+    """The runtime's backend, recording each joint graph and every run of its forward (with
+    the values it read and returned), running it without recomputation."""
 
     def __init__(self) -> None:
         super().__init__([])
-        self.captured: list[CapturedGraph] = []
-        self._inputs: list[torch.Tensor] = []
+        self.compiled: list[tuple[fx.GraphModule, Graph, int]] = []
+        self.passes: list[CapturedGraph] = []  # one per forward run, in the order they ran
+        self._first_pass: dict[int, int] = {}  # compiled graph number -> its first pass
         self.done = False  # the capture is over: later runs (timing) record nothing
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Any:
-        self._inputs = list(example_inputs)
-        return super().__call__(gm, example_inputs)
-
     def _compile_forward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
-        """The forward, recording what its first run returns (for `_handoffs`)."""
+        """The forward, recording each run's inputs and outputs (for `_handoffs`)."""
+        number = self._planned
         run = super()._compile_forward(gm, example_inputs)
-        target = self.captured[-1] if self.captured and not self.captured[-1].outputs else None
-        if target is None:  # a graph without gradients: nothing to plan
+        if number is None or self.done:  # a graph without gradients, or compiled for timing
             return run
+        joint, graph, num_fwd_outputs = self.compiled[number - 1]
 
         def recording(args: list) -> Any:
+            if self.done:
+                return run(args)
+            primals = list(args)  # the boxed call clears `args`
             result = run(args)
-            if not self.done and not target.outputs:
-                target.outputs = list(result)[: target.num_fwd_outputs]
+            same = self._first_pass.setdefault(number, len(self.passes))
+            self.passes.append(
+                CapturedGraph(
+                    joint,
+                    graph,
+                    num_fwd_outputs,
+                    primals,
+                    list(result)[:num_fwd_outputs],
+                    same_graph_as=None if same == len(self.passes) else same,
+                )
+            )
             return result
 
         recording._boxed_call = True  # type: ignore[attr-defined]
@@ -104,7 +122,8 @@ class _Recorder(RematBackend):
     def _schedule_for(
         self, joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int
     ) -> GraphSchedule:
-        self.captured.append(CapturedGraph(joint, graph, num_fwd_outputs, self._inputs))
+        if not self.done:
+            self.compiled.append((joint, graph, num_fwd_outputs))
         return baseline_schedule(graph)
 
 
@@ -132,28 +151,25 @@ def capture(
             raise
         except Exception as exc:  # Dynamo or AOTAutograd could not capture the model
             raise UserError(f"cannot capture the model: {first_line(exc)}") from exc
-    captured, recorder.captured = recorder.captured, []  # the cache entry must not hold them
+    # the cache entry (the recorder) must not hold the step's tensors
+    captured, recorder.passes, recorder.compiled = recorder.passes, [], []
     recorder.done = True
-    runs = recorder.most_runs()
-    if runs > 1:
-        raise UserError(
-            f"cannot plan this step: it runs one of its graphs {runs} times, and a plan counts "
-            "each graph once, so its memory would be wrong (Dynamo split the model inside a "
-            "loop or a layer called more than once, for instance at a random branch such as "
-            "LayerDrop's, and reuses one graph for each pass): remove that graph break "
-            "(torch._dynamo.explain lists them) or turn the branch off"
-        )
-    _refuse_checkpointed_batch_norm(captured)
-    _handoffs(captured, tensors_in((args, kwargs)), output_tensors(result))
-    for graph in captured:
-        graph.outputs = []  # only their identities were needed
-        graph.runtime = call
     if not captured:
         raise UserError(
             "nothing to plan: no graph of this step needs a gradient (no parameter or input "
             "requires grad, or torch.compile runs this model's code eagerly, as it does for "
             "an nn.LSTM/nn.GRU with nothing around it)"
         )
+    _refuse_checkpointed_batch_norm(captured)
+    outputs = output_tensors(result)
+    _handoffs(captured, tensors_in((args, kwargs)), outputs)
+    known = [*tensors_in((args, kwargs)), *model.parameters(), *model.buffers()]
+    runs = [[*graph.primals, *graph.outputs] for graph in captured]
+    for graph, eager in zip(captured, eager_code(runs, outputs, known), strict=True):
+        graph.handoff = replace(graph.handoff, eager=eager)
+    for graph in captured:
+        graph.outputs = []  # only their identities were needed
+        graph.runtime = call
     return captured
 
 
@@ -231,6 +247,14 @@ def _handoffs(
             _handed_tangents(graph, by_autograd),
             HANDED_TANGENTS_KEPT,
             _handed_tangents(graph, summed),
+            frozenset(
+                node.name
+                for node, value in zip(primal_nodes, graph.primals, strict=True)
+                if node.role == ROLE_PARAM and _storage(value) in later
+            ),
+            dropped=frozenset(
+                ref for ref, storage in outputs if storage not in user and storage not in later
+            ),
         )
 
 

@@ -154,9 +154,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     plan = _planner(args)
     out = Path(args.out)
     profile = _profile(plan, out)
-    operators = sum(len(p.seconds) for p in profile.graphs)
+    graphs = {p.fingerprint: p for p in profile.graphs}  # a graph run several times: once
+    operators = sum(len(p.seconds) for p in graphs.values())
+    runs = f" ({len(profile.graphs)} runs)" if len(profile.graphs) > len(graphs) else ""
     print(
-        f"profiled {operators} operators in {len(profile.graphs)} graph(s) on "
+        f"profiled {operators} operators in {len(graphs)} graph(s){runs} on "
         f"{profile.device_name}: {profile.total_seconds:.3f} s per step; "
         f"wrote {out / 'profile.json'}"
     )

@@ -105,10 +105,14 @@ class Planner:
         self.capture()
         if self._profile is None:
             assert self._captured is not None
-            total = sum(len(c.graph.nodes) for c in self._captured)
+            runs = self._captured
+            total = sum(len(c.graph.nodes) for c in runs if c.same_graph_as is None)
             done = 0
             profiles = []
-            for captured in self._captured:
+            for captured in runs:
+                if captured.same_graph_as is not None:  # another run of a graph timed already
+                    profiles.append(profiles[captured.same_graph_as])
+                    continue
 
                 def forward(k: int, _n: int, message: str, base: int = done) -> None:
                     if progress is not None:
@@ -148,7 +152,8 @@ class Planner:
         cancel: CancelToken | None = None,
         name: str | None = None,
     ) -> StepSolver:
-        """The prepared solvers (one per graph), cached per name and time limit. `name` picks
+        """The prepared solvers (one per graph, however many times the step runs it), cached
+        per name and time limit. `name` picks
         one of explorer.solvers.registry ("chain", "exact", "table") and makes it the one
         that sweep() and solve() use from then on."""
         self.solver_name = name or self.solver_name
@@ -157,20 +162,21 @@ class Planner:
         if key not in self._solvers:
             profile = self.profile(cancel=cancel)
             graphs = self.capture()
+            assert self._captured is not None
+            firsts = [k for k, c in enumerate(self._captured) if c.same_graph_as is None]
             solvers = [
                 make_solver(
                     self.solver_name,
-                    graph,
-                    graph_profile,
+                    graphs[k],
+                    profile.graphs[k],
                     time_limit=time_limit,
                     max_stages=self.max_stages,
                     progress=progress,
                     cancel=cancel,
-                    cache=self._cache_path(k, len(graphs)),
+                    cache=self._cache_path(n, len(firsts)),
                 )
-                for k, (graph, graph_profile) in enumerate(zip(graphs, profile.graphs, strict=True))
+                for n, k in enumerate(firsts)
             ]
-            assert self._captured is not None
             self._solvers[key] = StepSolver(
                 graphs,
                 solvers,
@@ -178,6 +184,10 @@ class Planner:
                 [p.workspace for p in profile.graphs],
                 [c.handoff for c in self._captured],
                 runtime_factor=profile.runtime_factor,
+                solver_of=[
+                    firsts.index(k if c.same_graph_as is None else c.same_graph_as)
+                    for k, c in enumerate(self._captured)
+                ],
             )
         return self._solvers[key]
 

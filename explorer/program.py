@@ -71,6 +71,32 @@ def operator_of(graph: Graph, name: str) -> str:
 
 
 @dataclass(frozen=True)
+class EagerCode:
+    """What the model's eager code (operators Dynamo left outside every graph: a frame it runs
+    eagerly, found by explorer.eager) leaves to a step around one of its graphs, in bytes.
+
+    `saved`: what the code just before this graph saves for its backward, held from this
+    graph's forward to the end of its backward. `kept`: what that code saves of the graphs'
+    own tensors (a graph's output or input the user does not hold), which the frames hold
+    through the forward: kept from the forward's return to the end of this graph's backward
+    (counted twice where a graph's schedule keeps it too). `outputs`: what that code returns
+    to the user, alive from this graph's forward to the end of the step. `grads`: the
+    gradients that code makes for parameters no graph reads, alive from the end of this
+    graph's backward. `waiting`: gradients eager code after a later graph returned for an
+    earlier graph's outputs, held by autograd through this graph's backward. `backward`:
+    alive through every graph's backward (counted on the last graph): what the code after
+    the last graph returns and the gradients it makes for parameters no graph reads, and the
+    user's tangents for every output eager code made."""
+
+    saved: int = 0
+    kept: int = 0
+    outputs: int = 0
+    grads: int = 0
+    waiting: int = 0
+    backward: int = 0
+
+
+@dataclass(frozen=True)
 class Handoff:
     """How one graph of a step made of several meets the others (explorer.step).
 
@@ -89,7 +115,14 @@ class Handoff:
     here, where the user's tangents live through the whole backward, unless
     `handed_tangents_kept`: AOTAutograd before torch 2.13 keeps every tangent of a graph
     through that graph's backward (measured on 2.11 and 2.12: a two-graph step peaked one
-    handed-over tangent above the prediction made for 2.13 and 2.14)."""
+    handed-over tangent above the prediction made for 2.13 and 2.14). `params_read_later`:
+    parameters that a later graph of the step reads too (a layer called again): the later
+    graph's gradient for one already holds `.grad` when this graph's backward runs, and this
+    graph's is added into it, so the step counts one gradient, the later graph's. `dropped`:
+    outputs that neither the user nor a later graph holds (a local of the model's eager code,
+    which may read it): the Python frames hold them until the model's forward returns, then
+    they live on only if this graph saves them.
+    `eager`: what the model's eager code around this graph leaves to the step."""
 
     transient_inputs: frozenset[str] = frozenset()
     passed_on: frozenset[ValueRef] = frozenset()
@@ -97,6 +130,9 @@ class Handoff:
     handed_tangents: frozenset[str] = frozenset()
     handed_tangents_kept: bool = False
     user_tangents_too: frozenset[str] = frozenset()
+    params_read_later: frozenset[str] = frozenset()
+    eager: EagerCode = EagerCode()
+    dropped: frozenset[ValueRef] = frozenset()
 
 
 @dataclass
@@ -113,7 +149,8 @@ class StepProgram:
     grad_slots: list[int | None]  # one per graph input (parameters, buffers, inputs)
     unread_saved: list[int] = field(default_factory=list)  # saved but never read: freed first
     transient_slots: list[int] = field(default_factory=list)  # Handoff.transient_inputs
-    # transient inputs the backward does not read: freed when the step's forward ends
+    # transient inputs and dropped outputs the backward does not read: freed when the step's
+    # forward ends
     frame_held: list[int] = field(default_factory=list)
     passed_on_slots: list[int] = field(default_factory=list)  # freed when the forward ends
     # passed on, and read by the backward too: kept past the forward (the user holds neither)
@@ -211,10 +248,11 @@ def compile_program(
     _assign_frees(forward, keep_fwd, set(transient))
     if fuse_dropouts:
         forward = _fuse_dropouts(graph, forward)
-    frame_held = [s for s in transient if s not in read_later]
+    dropped = {table[r] for r in handoff.dropped}
+    frame_held = [s for s in [*transient, *sorted(dropped)] if s not in read_later]
 
     grads = [None if r is None else table[r] for r in graph.input_grads]
-    kept_outputs = set(outputs) - set(passed_on) - set(saved_passed_on)
+    kept_outputs = set(outputs) - set(passed_on) - set(saved_passed_on) - dropped
     # the user's tangents (held by their caller) live through the whole backward; those of
     # outputs only later graphs read come from their backwards through autograd, which hands
     # them over: freed after their last use here (measured), unless the runtime keeps them
@@ -348,7 +386,7 @@ def check_program(graph: Graph, program: StepProgram) -> str | None:
         return f"forward: {missing} reads a value not yet computed"
     live -= set(program.passed_on_slots) | set(program.frame_held)
     live |= set(program.static_slots) | set(program.saved_slots) | set(program.tangent_slots)
-    live |= set(program.output_slots) - set(program.passed_on_slots)
+    live |= set(program.output_slots) - set(program.passed_on_slots) - set(program.frame_held)
     live -= set(program.unread_saved)
     missing = _first_unready(program.backward, live)
     if missing:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from explorer.errors import BelowMinimum
 from explorer.graph import ROLE_TANGENT, Graph, ValueRef
-from explorer.program import Handoff, compile_program
+from explorer.program import EagerCode, Handoff, compile_program
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import Timeline, simulate
 from explorer.units import below_minimum
@@ -75,12 +75,14 @@ def step_timeline(
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
     lines = _graph_timelines(graphs, schedules, workspace, handoffs)
-    if len(lines) == 1 and lines[0].static_bytes == static_bytes:
+    eager = [h.eager for h in handoffs]
+    if len(lines) == 1 and lines[0].static_bytes == static_bytes and eager[0] == EagerCode():
         return lines[0]
-    grads = [_param_grad_bytes(g) for g in graphs]
+    grads = [_param_grad_bytes(g, h) + h.eager.grads for g, h in zip(graphs, handoffs, strict=True)]
     out = Timeline([], [], [], static_bytes)
     held = 0
     for k, line in enumerate(lines):
+        held += eager[k].saved + eager[k].outputs
         _append(out, line, k, range(line.forward_end), static_bytes + held)
         held += line.held_bytes
     out.held_bytes = held
@@ -90,13 +92,16 @@ def step_timeline(
     # ... and the earlier graphs' tangents the user holds are alive through the later ones'
     tangents = [_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
     waiting = _waiting_grad_bytes(graphs, handoffs)
+    backward_all = sum(e.backward for e in eager)  # eager code's, through every backward
     held -= sum(line.frame_bytes for line in lines)  # the model's forward has returned
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
+        around += backward_all + sum(e.kept for e in eager[: k + 1])
         around += _own_user_tangent_bytes(graphs[k], handoffs[k])
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around)
+        held -= eager[k].saved
     return out
 
 
@@ -140,11 +145,17 @@ def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> No
         out.phase.append(line.phase[i])
 
 
+def _eager_throughout(eager: EagerCode) -> int:
+    """A single graph's step: what eager code leaves for the whole step, counted at every
+    operator (what only its backward holds too: the safe side)."""
+    return eager.saved + eager.kept + eager.outputs + eager.backward + eager.waiting
+
+
 def _waiting_grad_bytes(graphs: list[Graph], handoffs: list[Handoff]) -> list[int]:
     """Per graph, the bytes of gradients alive through its backward that a later graph
     returned for a tensor an earlier one made: autograd holds them until the maker's backward
     (a graph in between that reads the same tensor adds its gradient into them)."""
-    waiting = [0] * len(graphs)
+    waiting = [h.eager.waiting for h in handoffs]
     for k, (graph, handoff) in enumerate(zip(graphs, handoffs, strict=True)):
         grads = dict(zip(graph.primal_names(), graph.input_grads, strict=False))
         for name, j, _ in handoff.sources:
@@ -171,9 +182,10 @@ def _own_user_tangent_bytes(graph: Graph, handoff: Handoff) -> int:
     return sum(n.out_bytes for n in tangents if n.name in handoff.user_tangents_too)
 
 
-def _param_grad_bytes(graph: Graph) -> int:
-    """Bytes of the gradients a graph's backward leaves for its parameters."""
-    params = {n.name for n in graph.placeholders("param")}
+def _param_grad_bytes(graph: Graph, handoff: Handoff) -> int:
+    """Bytes of the gradients a graph's backward leaves for its parameters (one that a later
+    graph reads too has its gradient counted there)."""
+    params = {n.name for n in graph.placeholders("param")} - handoff.params_read_later
     total = 0
     for name, grad in zip(graph.primal_names(), graph.input_grads, strict=False):
         if grad is not None and name in params:
@@ -185,7 +197,10 @@ class StepSolver:
     """Plans for a whole step from one prepared solver per graph (see the module docstring).
 
     Each per-graph solver offers `baseline`, `minimum()`, `solve(budget)` (a GraphSchedule
-    whose simulated peak is within the budget) and `fixed_bytes`."""
+    whose simulated peak is within the budget) and `fixed_bytes`. `solver_of` gives, for each
+    graph of the step, its solver: a graph the step runs several times (one pass of a loop
+    each) has one solver and one schedule for all its runs, as the runtime has; by default
+    one solver per graph."""
 
     def __init__(
         self,
@@ -196,22 +211,33 @@ class StepSolver:
         handoffs: list[Handoff] | None = None,
         *,
         runtime_factor: float = 1.0,
+        solver_of: list[int] | None = None,
     ) -> None:
         self.graphs = graphs
+        self.solver_of = solver_of or list(range(len(graphs)))
+        self.runs = [self.solver_of.count(k) for k in range(len(solvers))]
+        self.single = len(graphs) == 1  # the step is that graph's own simulation
         self.runtime_factor = runtime_factor  # the profile's (explorer.stepcost)
         self.solvers = solvers
         self.static_bytes = static_bytes
         self.workspace = workspace
         self.handoffs = handoffs
         self.fingerprint = "+".join(g.fingerprint() for g in graphs)
-        # one graph: what the step holds beyond the state its graph reads (model state no
-        # graph reads); that graph's solver plans in its own bytes, a step budget less these
-        self.unread_bytes = static_bytes - graphs[0].static_bytes() if len(graphs) == 1 else 0
-        self.baseline = self.combine([s.baseline for s in solvers])
-        grads = sum(_param_grad_bytes(g) for g in graphs)
-        self.fixed_bytes = (
-            static_bytes + grads if len(graphs) > 1 else solvers[0].fixed_bytes + self.unread_bytes
+        handed = handoffs or [Handoff()] * len(graphs)
+        # one graph: what the step holds beyond what that graph's own simulation counts
+        # (model state no graph reads, what eager code before the graph saves for the
+        # backward); its solver plans in its own bytes, a step budget less these
+        self.beyond_graph_bytes = (
+            static_bytes - graphs[0].static_bytes() + _eager_throughout(handed[0].eager)
+            if self.single
+            else 0
         )
+        self.baseline = self.combine([s.baseline for s in solvers])
+        grads = sum(
+            _param_grad_bytes(g, h) + h.eager.grads for g, h in zip(graphs, handed, strict=True)
+        )
+        single_fixed = solvers[0].fixed_bytes + self.beyond_graph_bytes
+        self.fixed_bytes = single_fixed if self.single else static_bytes + grads
         self._minimum: Schedule | None = None
 
     @property
@@ -232,23 +258,32 @@ class StepSolver:
         )
 
     def combine(self, schedules: list[GraphSchedule]) -> Schedule:
-        """One step plan from one schedule per graph, with the step's predicted figures."""
-        for graph, schedule in zip(self.graphs, schedules, strict=True):
+        """One step plan from one schedule per solver, with the step's predicted figures."""
+        for graph, schedule in zip(self.graphs, self.each_graph(schedules), strict=True):
             schedule.structure = graph.structure()  # the runtime matches resized graphs by it
-        timeline = self.timeline(schedules)
+        timeline = self.timeline(self.each_graph(schedules))
         worst = max(schedules, key=lambda s: s.gap)
         return Schedule(
-            graphs=list(schedules),
+            graphs=self.each_graph(schedules),
             predicted_peak_bytes=timeline.peak_bytes,
-            predicted_seconds=sum(s.predicted_seconds for s in schedules),
-            baseline_seconds=sum(s.baseline_seconds for s in schedules),
+            predicted_seconds=self._seconds(s.predicted_seconds for s in schedules),
+            baseline_seconds=self._seconds(s.baseline_seconds for s in schedules),
             status="optimal" if all(s.status == "optimal" for s in schedules) else "feasible",
             gap=worst.gap,
             solve_seconds=sum(s.solve_seconds for s in schedules),
             runtime_factor=self.runtime_factor,
         )
 
+    def each_graph(self, schedules: list[GraphSchedule]) -> list[GraphSchedule]:
+        """One schedule per solver, as one per graph of the step."""
+        return [schedules[k] for k in self.solver_of]
+
+    def _seconds(self, per_solver) -> float:
+        """A step's seconds from each solver's graph's: a graph run n times costs n runs."""
+        return sum(n * seconds for n, seconds in zip(self.runs, per_solver, strict=True))
+
     def timeline(self, schedules: list[GraphSchedule]) -> Timeline:
+        """Bytes alive after each operator of the step, one schedule per graph."""
         return step_timeline(
             self.graphs, schedules, self.static_bytes, self.workspace, self.handoffs
         )
@@ -263,7 +298,7 @@ class StepSolver:
         """The least step peak of a plan found so far: for a single graph, its solver's
         lowest answer (a budget's search may pass below the minimum); several graphs share
         each budget out anew, so there the minimum's."""
-        if len(self.solvers) == 1:
+        if self.single:
             return self.combine([self.solvers[0].lowest()]).predicted_peak_bytes
         return self.minimum().predicted_peak_bytes
 
@@ -272,7 +307,7 @@ class StepSolver:
         started = time.perf_counter()
         if budget_bytes >= self.baseline.predicted_peak_bytes:
             chosen = self.baseline.copy()
-        elif len(self.solvers) == 1:
+        elif self.single:
             chosen = self.combine([self._solve_one(budget_bytes)])
         else:
             chosen = self._shared(budget_bytes)
@@ -284,12 +319,12 @@ class StepSolver:
         """A budget solved before, answered again from every schedule found since, without a
         search (Solver.recall); None for several graphs, whose budgets are shared out anew
         (asked again, each graph may get a budget it never searched)."""
-        return self.solve(budget_bytes) if len(self.solvers) == 1 else None
+        return self.solve(budget_bytes) if self.single else None
 
     def _solve_one(self, budget_bytes: int) -> GraphSchedule:
         """The single graph's answer within a step budget, refused in the step's bytes."""
         try:
-            return self.solvers[0].solve(budget_bytes - self.unread_bytes)
+            return self.solvers[0].solve(budget_bytes - self.beyond_graph_bytes)
         except BelowMinimum:
             raise self._below_minimum(budget_bytes, self.lowest_known()) from None
 
@@ -310,24 +345,24 @@ class StepSolver:
     def swept(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep solved: kept for a single graph only (a step of
         several graphs shares its budget out anew each time)."""
-        if len(self.solvers) > 1:
+        if not self.single:
             return None
         budgets = self.solvers[0].swept(points)
-        return None if budgets is None else [b + self.unread_bytes for b in budgets]
+        return None if budgets is None else [b + self.beyond_graph_bytes for b in budgets]
 
     def remember_sweep(self, points: int, budgets: list[int]) -> None:
-        if len(self.solvers) == 1:
-            self.solvers[0].remember_sweep(points, [b - self.unread_bytes for b in budgets])
+        if self.single:
+            self.solvers[0].remember_sweep(points, [b - self.beyond_graph_bytes for b in budgets])
 
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
         """Lower bounds for solved budgets without one (see Solver.bound_unknown): for a
         single graph only, whose budgets are the step's (several graphs share each budget
         out, and a step's gap is its worst graph's)."""
-        if len(self.solvers) > 1:
+        if not self.single:
             return {}
-        unread = self.unread_bytes
-        found = self.solvers[0].bound_unknown([b - unread for b in budgets])
-        return {b + unread: bound for b, bound in found.items()}
+        beyond = self.beyond_graph_bytes
+        found = self.solvers[0].bound_unknown([b - beyond for b in budgets])
+        return {b + beyond: bound for b, bound in found.items()}
 
     def _shared(self, budget: int) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits."""
@@ -358,7 +393,7 @@ class StepSolver:
         options = [sorted(s.known(), key=lambda g: g.predicted_seconds) for s in self.solvers]
 
         def seconds(index: tuple[int, ...]) -> float:
-            return sum(options[k][i].predicted_seconds for k, i in enumerate(index))
+            return self._seconds(options[k][i].predicted_seconds for k, i in enumerate(index))
 
         first = (0,) * len(options)
         queue, seen = [(seconds(first), first)], {first}
@@ -367,7 +402,7 @@ class StepSolver:
                 break
             _, index = heapq.heappop(queue)
             picks = [options[k][i] for k, i in enumerate(index)]
-            if self.timeline(picks).peak_bytes <= budget:
+            if self.timeline(self.each_graph(picks)).peak_bytes <= budget:
                 return self.combine(picks)  # known() gave copies
             for k in range(len(index)):
                 after = (*index[:k], index[k] + 1, *index[k + 1 :])

@@ -27,6 +27,7 @@ __all__ = [
     "assert_lowest_point_trains_like_the_model",
     "import_schedule",
     "live_bytes_by_operator",
+    "PassBlock",
     "Passes",
     "planner",
     "train_step",
@@ -102,27 +103,32 @@ def live_bytes_by_operator(
     return found
 
 
-class _PassBlock(nn.Module):
+class PassBlock(nn.Module):
+    """A residual MLP: recomputing its activation saves memory."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.linear = nn.Linear(16, 16)
+        self.up, self.down = nn.Linear(32, 128), nn.Linear(128, 32)
 
     def forward(self, x):
-        return torch.relu(self.linear(x)).sin()
+        return x + self.down(torch.nn.functional.gelu(self.up(x)).sin())
 
 
 class Passes(nn.Module):
     """Blocks applied in a loop that Dynamo splits at every pass (a graph break inside), so
     the loop runs eagerly and the blocks' forward is compiled on its own: a graph for the
-    first block, then one more, which every later block runs."""
+    first block, then one more, which every later block runs. `shared`: the first block
+    applied at every pass (a layer called again). Inputs: (batch, 32)."""
 
-    def __init__(self, passes: int) -> None:
+    def __init__(self, passes: int, shared: bool = False) -> None:
         super().__init__()
         self.passes = passes
-        self.blocks = nn.ModuleList(_PassBlock() for _ in range(4))
+        self.shared = shared
+        self.blocks = nn.ModuleList(PassBlock() for _ in range(4))
 
     def forward(self, x):
-        for block in self.blocks[: self.passes]:
+        blocks = [self.blocks[0]] * self.passes if self.shared else self.blocks[: self.passes]
+        for block in blocks:
             torch._dynamo.graph_break()
             x = block(x)
         return x

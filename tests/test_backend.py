@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import Passes, live_bytes_by_operator
+from helpers import PassBlock, Passes, live_bytes_by_operator
 from torch import nn
 
 import explorer
@@ -27,6 +27,7 @@ from explorer.backend import (
     dynamo_settings,
     wrap_with_schedule,
 )
+from explorer.capture import capture
 from explorer.costmodel import analytic_profile
 from explorer.models import build
 from explorer.profile import StepProfile
@@ -272,9 +273,9 @@ def test_python_flags_and_random_are_followed():
 
 
 def test_a_path_that_runs_a_graph_again_is_warned_about_once():
-    # catches: a step (another path than the one planned) running one graph several times,
-    # which the plan counts once, going by without a word
-    x = torch.randn(8, 16)
+    # catches: a step (another path than the one planned) running one graph more times than
+    # the plan counts, going by without a word
+    x = torch.randn(8, 32)
     torch.manual_seed(0)
     plan, schedule = _lowest(Passes(2), x)
     reference, wrapped = copy.deepcopy(plan.model), _wrap(plan, schedule)
@@ -283,13 +284,91 @@ def test_a_path_that_runs_a_graph_again_is_warned_about_once():
         wrapped(x).sum().backward()  # the path planned: no warning
     reference(x).sum().backward()
     reference.passes = wrapped.model.passes = 4
-    with pytest.warns(RematWarning, match="ran one of its graphs 3 times"):
+    with pytest.warns(RematWarning, match="ran one of its graphs 3 times, where the plan counts 1"):
         wrapped(x).sum().backward()
     reference(x).sum().backward()
     assert _same_grads(reference, wrapped.model)  # still exact: only the memory is off
     with warnings.catch_warnings():
         warnings.simplefilter("error", RematWarning)
         wrapped(x)  # once
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["four blocks", "one block four times"])
+def test_a_loop_whose_graph_runs_at_every_pass_is_planned_to_the_byte(shared):
+    """Dynamo splits the loop at every pass and runs one graph for the second to the fourth
+    block: each run is a graph of the step, all runs under one schedule (the runtime has one
+    per compiled graph). catches: the runs counted as one (the peak was 33% over the
+    prediction; capture refused such steps before), the runs' schedules told apart, their
+    seconds counted once, a block called again having its parameters' gradient counted once
+    per run (after every operator of the first run's backward: 33,408 bytes over), and a
+    plan counting every run still warned about"""
+    torch.manual_seed(0)
+    x = torch.randn(256, 32)
+    plan = explorer.Planner(Passes(4, shared=shared), x)
+    front = plan.sweep(points=4)
+    lowest = front.points[0].schedule
+    first, *again = lowest.graphs
+    assert len(again) == 3 and again[0].recomputed
+    assert all(run.to_dict() == again[0].to_dict() for run in again)
+    assert lowest.predicted_peak_bytes < 0.8 * front.baseline_peak_bytes
+    seconds = first.predicted_seconds + 3 * again[0].predicted_seconds
+    assert lowest.predicted_seconds == pytest.approx(seconds)
+    for point in front.points:
+        rows = live_bytes_by_operator(plan, point.schedule, (x,))
+        wrong = [row for row in rows if row[1] != row[2]]
+        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+    report = lowest.verify()
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert report.ok and peak.measured == peak.predicted, report.format_table()
+    wrapped = _wrap(plan, lowest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        wrapped(x).sum().backward()
+
+
+class _EagerBetween(nn.Module):
+    """A stem, a loop Dynamo cannot resume inside (a graph break at every pass: this frame runs
+    eagerly, and so do torch's own LayerNorm modules it calls) and a head. The stem's and the
+    blocks' forwards are graphs, the blocks' one run at every pass; this frame's operators run
+    outside every graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.blocks = PassBlock(), nn.ModuleList(PassBlock() for _ in range(3))
+        self.norm, self.head = nn.LayerNorm(32), nn.LayerNorm(32)
+
+    def forward(self, x):
+        s = self.stem(x)
+        # saves the stem's output (which outlives the forward so) and the norm's input; the
+        # norm's parameters get their gradients outside every graph
+        h = self.norm(s.sin() * x)
+        for block in self.blocks:
+            torch._dynamo.graph_break()
+            h = block(h)
+        # the cosine's gradient for the stem's output waits through the blocks' backwards; the
+        # head's output and its tangent are the user's
+        return self.head(h + s.cos())
+
+
+def test_eager_code_between_graphs_is_predicted_after_every_operator():
+    """What the model's operators outside every graph hold (explorer.eager), counted where it
+    lives; the stem's output, which only eager code reads, freed when the forward returns.
+    Measured before: 101,888 bytes under on Wav2Vec2 with LayerDrop (its encoder runs so), and
+    here up to 100,608 bytes under. catches: any part of explorer.program.EagerCode left out
+    (each is checked to be there), or the stem's output held through the backwards"""
+    torch.manual_seed(0)
+    x = torch.randn(256, 32)
+    model = _EagerBetween()
+    eager = [run.handoff.eager for run in capture(copy.deepcopy(model), (x,))]
+    for part in ("saved", "kept", "grads", "waiting", "backward"):
+        assert any(getattr(e, part) for e in eager), part
+    plan = explorer.Planner(model, x)
+    front = plan.sweep(points=4)
+    assert len(front.points) > 2
+    for point in front.points:
+        rows = live_bytes_by_operator(plan, point.schedule, (x,))
+        wrong = [row for row in rows if row[1] != row[2]]
+        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
 
 
 def test_spectral_norm_trains_like_the_model():
@@ -435,10 +514,11 @@ def test_several_graphs_are_planned_and_verified():
     assert len(schedule.graphs) == 2 and schedule.recomputed_ops()
     report = schedule.verify()
     assert report.ok, report.format_table()
-    # one byte over: the first graph returns `h.mean() > 0` (a 1-byte bool) for Python to
-    # read; the plan counts it as an output the caller may hold, and Python drops it at once
+    # the first graph also returns `h.mean() > 0` (a 1-byte bool) for Python to read, and
+    # Python drops it: counted through the forward only (as an output the caller held, the
+    # prediction was one byte over). catches: an output nobody holds counted as the user's
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
-    assert peak.predicted - peak.measured == 1, report.format_table()
+    assert peak.predicted == peak.measured, report.format_table()
 
 
 class _HandedOverAndSaved(nn.Module):

@@ -107,12 +107,21 @@ def test_data_dependent_python_gives_several_graphs():
     assert all(any(n.phase == BACKWARD for n in g.graph.nodes) for g in graphs)
 
 
-def test_a_graph_run_more_than_once_a_step_is_refused():
-    # catches: planning a step whose blocks' graph runs three times as if it ran once (the
-    # wrapped model's peak was 33% over its prediction, with no word)
-    with pytest.raises(UserError, match="runs one of its graphs 3 times"):
-        capture(Passes(4).train(), (torch.randn(8, 16),))
-    assert capture(Passes(2).train(), (torch.randn(8, 16),))  # each graph once: planned
+def test_a_graph_run_more_than_once_gives_one_captured_run_each():
+    # catches: a loop's graph, which Dynamo runs at every pass, captured once (a plan counting
+    # one pass: the wrapped model's peak was 33% over its prediction), the runs out of order,
+    # a run's input not traced to the run that made it, or a parameter that a later run
+    # reads again not marked so (its gradient would be counted once per run)
+    runs = capture(Passes(4).train(), (torch.randn(8, 32),))
+    assert [r.same_graph_as for r in runs] == [None, None, 1, 1]
+    assert all(r.graph is runs[1].graph for r in runs[2:])
+    for k, run in enumerate(runs[1:], start=1):
+        (source,) = run.handoff.sources
+        assert source[1] == k - 1
+        assert not run.handoff.params_read_later
+    shared = capture(Passes(3, shared=True).train(), (torch.randn(8, 32),))
+    params = [{n.name for n in r.graph.placeholders("param")} for r in shared]
+    assert [r.handoff.params_read_later for r in shared] == [params[0], params[1], set()]
 
 
 class _HookedOnFirstCall(nn.Module):

@@ -95,8 +95,8 @@ def test_one_training_step_equals_the_model(build, quick_search):
     ("build", "over"),
     # Mistral: one graph; the prediction is 16 to 32 bytes over what the run holds, from the
     # forward on (the graph also returns two 8-byte integer tensors for the cache; not traced
-    # further). GPT-2: two graphs, 3,072 bytes over with or without a cache (see the next test)
-    [(_mistral_with_cache, 64), (lambda: _gpt2(use_cache=True), 3072 + 64)],
+    # further). GPT-2: two graphs, exact (3,072 bytes over until 2026-11-28: see the next test)
+    [(_mistral_with_cache, 64), (lambda: _gpt2(use_cache=True), 64)],
     ids=["mistral", "gpt2"],
 )
 def test_a_key_value_cache_in_the_output_gets_its_tangents(build, over, quick_search):
@@ -120,19 +120,50 @@ def test_a_loss_graph_after_the_model_graph_is_predicted_after_every_operator():
     20,000-word vocabulary the step measured 1.9 MB, 13%, over its prediction on torch 2.11,
     which keeps it to the end of that backward), and its other output, a hidden state only a
     Python frame held, gets a tangent only when that backward starts (the plan counted it
-    from the loss graph's backward on, 3,072 bytes). Now exact through both graphs' forwards,
-    the loss graph's backward and the start of the model graph's; within that backward the
-    hidden state's tangent goes earlier than predicted (3,072 bytes over, on 2.11 and 2.14).
-    catches: either tangent counted as before"""
+    from the loss graph's backward on, 3,072 bytes) and is itself gone once the forward
+    returns (the plan held it through that backward, 3,072 bytes over until 2026-11-28).
+    catches: either tangent counted as before, or the hidden state held as the user's"""
     torch.manual_seed(0)
     model, inputs = _gpt2()
     plan = explorer.Planner(model, (), inputs)
     rows = live_bytes_by_operator(plan, plan.baseline(), (), inputs)
-    over = [predicted - measured for _, predicted, measured in rows]
-    assert min(over) == 0 and max(over) == 3072, rows
-    first_over = next(k for k, excess in enumerate(over) if excess)
-    assert rows[first_over][0].startswith("g1:") and rows[first_over - 1][0].startswith("g1:")
-    assert all(o == 0 for o in over[:first_over])
+    wrong = [row for row in rows if row[1] != row[2]]
+    assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+
+
+def test_wav2vec2_with_layerdrop_is_planned_to_the_byte(quick_search):
+    """LayerDrop draws a number at every layer and branches on it: a graph break inside the
+    encoder's loop, so Dynamo runs the encoder's frame eagerly (its position embedding's sum
+    and layer norm outside every graph, explorer.eager) and the layers' graph once for each
+    layer kept. Planning it was refused before this could be counted (its peak had measured
+    52% over a plan that counted each graph once). The plan counts the layers the capture's
+    draw kept, the draw verify's step repeats (both from seed 0). Its gradients differ from
+    eager's by the compiled step's arithmetic, with or without recomputation. catches: the
+    eager code's saved hidden state left out (206,960 bytes under at the lowest point) or
+    the layers' runs counted as one"""
+    config = transformers.Wav2Vec2Config(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        conv_dim=(32, 32, 32),
+        conv_stride=(5, 2, 2),
+        conv_kernel=(10, 3, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        layerdrop=0.1,
+        mask_time_prob=0.0,
+    )
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2Model(config)
+    torch.manual_seed(0)
+    plan = explorer.Planner(model, (torch.randn(2, 4000),))
+    front = plan.sweep(points=3)
+    schedule = front.points[0].schedule
+    assert len(schedule.graphs) > len({g.fingerprint for g in schedule.graphs})  # runs again
+    report = schedule.verify()
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert report.ok and peak.measured == peak.predicted, report.format_table()
 
 
 def test_keyword_call_with_another_sequence_length(quick_search):

@@ -1,0 +1,164 @@
+"""What the model's eager code between its graphs leaves to a training step.
+
+Dynamo runs a frame eagerly when it cannot resume inside it (a graph break inside a loop), and
+never compiles torch's own modules called from such a frame, so some of the model's operators
+run outside every graph: Wav2Vec2's encoder adds the position embedding and runs a layer norm
+(which saves a hidden state for the backward) outside the graphs of its convolutions and
+layers. No plan changes that code, but a step's memory counts what it holds. It is read from
+the autograd graph behind the step's outputs after the capture's forward: the eager nodes, the
+graphs' runs (`CompiledFunctionBackward` nodes) and where each eager node falls among them by
+autograd's sequence numbers (the order the forward made them in).
+
+What is counted (`explorer.program.EagerCode`): what eager code saves for the backward (once
+per storage, and only storages no graph run reads or returns and that are not the model's
+state or inputs: those are counted where they are), the gradients it makes for parameters no
+graph reads, the gradients it returns for an earlier graph's outputs that wait for that
+graph's backward, and the outputs it returns to the user with their tangents. Not counted:
+what eager code saves or makes after the last graph's forward before its own backward runs
+(no operator of any graph runs in between), tensors eager code holds without autograd saving
+them (a loop's `torch.rand` draws, a few bytes), and a gradient an eager operator passes on
+unchanged to two places (`a + b`), counted for each (the safe side).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from explorer.program import EagerCode
+
+COMPILED = "CompiledFunctionBackward"  # the autograd node of one run of a compiled graph
+
+
+def eager_code(
+    runs: list[list[torch.Tensor]], outputs: list[torch.Tensor], known: list[torch.Tensor]
+) -> list[EagerCode]:
+    """Per run of a graph (in the order they ran), what eager code leaves to the step there.
+
+    `runs`: the tensors each run read or returned; `outputs`: the step's output tensors;
+    `known`: the model's parameters, buffers and inputs."""
+    ran, eager = _autograd_nodes(outputs)
+    graph_tensors = {_storage(t) for tensors in runs for t in tensors}
+    state = {_storage(t) for t in known}
+    held = state | {_storage(t) for t in outputs}  # counted for the whole step
+    counted = held | graph_tensors
+    kept = set(held)
+    found = [_Found() for _ in runs]
+    last = len(runs)
+    # each eager node, with the run it comes before (`last`: after the last run's forward)
+    placed = [(bisect.bisect(ran, node._sequence_nr()), node) for node in eager]
+    for before, node in placed:  # earliest first: a storage lives from its first save on
+        for tensor in _saved_tensors(node):
+            storage = _storage(tensor)
+            if before == last:
+                continue
+            if storage not in counted:
+                counted.add(storage)
+                found[before].saved += tensor.untyped_storage().nbytes()
+            elif storage in graph_tensors and storage not in kept:
+                kept.add(storage)
+                found[before].kept += tensor.untyped_storage().nbytes()
+    arrived: set[tuple[int, int]] = set()
+    graded: set[int] = set()
+    # latest first: the last eager node to read a parameter, or an output of a run, makes its
+    # gradient, or the buffer autograd adds the others' into (its backward runs first)
+    for before, node in reversed(placed):
+        for target, k in node.next_functions:
+            if hasattr(target, "variable"):  # AccumulateGrad: a parameter or an input
+                leaf = _storage(target.variable)
+                if leaf not in graph_tensors and leaf not in graded:
+                    graded.add(leaf)
+                    bytes_ = _bytes(target.variable)
+                    if before < last:
+                        found[before].grads += bytes_
+                    else:
+                        found[-1].backward += bytes_
+            elif type(target).__name__ == COMPILED:
+                made_by = bisect.bisect_left(ran, target._sequence_nr())
+                if (made_by, k) not in arrived:
+                    arrived.add((made_by, k))
+                    metadata = target._input_metadata[k]
+                    nbytes = math.prod(metadata.shape) * metadata.dtype.itemsize
+                    for between in range(made_by + 1, min(before, last)):
+                        found[between].waiting += nbytes
+    _eager_outputs(found, ran, outputs, state | graph_tensors)
+    return [EagerCode(f.saved, f.kept, f.outputs, f.grads, f.waiting, f.backward) for f in found]
+
+
+@dataclass
+class _Found:
+    """An EagerCode being added up."""
+
+    saved: int = 0
+    kept: int = 0
+    outputs: int = 0
+    grads: int = 0
+    waiting: int = 0
+    backward: int = 0
+
+
+def _eager_outputs(
+    found: list[_Found], ran: list[int], outputs: list[torch.Tensor], not_eager: set[int]
+) -> None:
+    """The step's outputs that eager code made, and the user's tangents for them."""
+    counted = set(not_eager)
+    for tensor in outputs:
+        if _storage(tensor) in counted:
+            continue
+        counted.add(_storage(tensor))
+        made = tensor.grad_fn
+        before = bisect.bisect(ran, made._sequence_nr()) if made is not None else len(found)
+        if before < len(found):
+            found[before].outputs += tensor.untyped_storage().nbytes()
+        else:
+            found[-1].backward += tensor.untyped_storage().nbytes()
+        if tensor.requires_grad:
+            found[-1].backward += _bytes(tensor)
+
+
+def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[int], list[Any]]:
+    """The sequence numbers of the graphs' runs behind `outputs`, sorted, and the eager nodes
+    (neither a run nor a gradient's accumulation), in the order the forward made them."""
+    ran, eager = [], []
+    seen: set[Any] = set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack += [n for n, _ in node.next_functions if n is not None]
+        if type(node).__name__ == COMPILED:
+            ran.append(node._sequence_nr())
+        elif not hasattr(node, "variable"):
+            eager.append(node)
+    return sorted(ran), sorted(eager, key=lambda node: node._sequence_nr())
+
+
+def _saved_tensors(node: Any) -> list[torch.Tensor]:
+    """The tensors an eager autograd node saved for its backward (its `_saved_*` fields) but
+    0-dim ones: a number Python passed is one (`x * 2` saves the 2, which no allocator's
+    count holds), and a real one is a few bytes."""
+    found = []
+    for name in dir(node):
+        if not name.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # released already
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        found += [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return found
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
