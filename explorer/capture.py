@@ -39,7 +39,7 @@ from explorer.graph import (
     Graph,
     ValueRef,
 )
-from explorer.modelstate import kept, output_tensors, tensors_in
+from explorer.modelstate import held_tensors, kept, output_tensors, tensors_in
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
 
@@ -69,11 +69,7 @@ class CapturedGraph:
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The graph's parameters, buffers and constants (not activations or user inputs)."""
-        roles = [
-            n.role
-            for n in self.graph.nodes
-            if n.phase == PLACEHOLDER and n.role not in (ROLE_TANGENT, ROLE_CONSTANT)
-        ]
+        roles = [n.role for n in _primal_nodes(self)]
         state = [t for t, role in zip(self.primals, roles, strict=True) if role != ROLE_INPUT]
         constants = self.joint.graph.find_nodes(op="get_attr")
         return state + [getattr(self.joint, node.target) for node in constants]
@@ -162,9 +158,9 @@ def capture(
         )
     _refuse_checkpointed_batch_norm(captured)
     outputs = output_tensors(result)
-    _handoffs(captured, tensors_in((args, kwargs)), outputs)
-    known = [*tensors_in((args, kwargs)), *model.parameters(), *model.buffers()]
-    runs = [[*graph.primals, *graph.outputs] for graph in captured]
+    known = [*tensors_in((args, kwargs)), *held_tensors(model)]
+    _handoffs(captured, known, outputs)
+    runs = [_values(graph) for graph in captured]
     for graph, eager in zip(captured, eager_code(runs, outputs, known), strict=True):
         graph.handoff = replace(graph.handoff, eager=eager)
     for graph in captured:
@@ -203,23 +199,20 @@ def _first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
 
 
 def _handoffs(
-    captured: list[CapturedGraph], inputs: list[torch.Tensor], results: list[torch.Tensor]
+    captured: list[CapturedGraph], known: list[torch.Tensor], results: list[torch.Tensor]
 ) -> None:
-    """With several graphs: which inputs of a graph were made by an earlier one (and are not
-    the user's), and which outputs of a graph other than the last only later graphs read."""
+    """With several graphs: which inputs of a graph were made during the step (by an earlier
+    graph, or by eager code: neither the user's nor the model's, `known`), and which outputs
+    of a graph other than the last only later graphs read."""
     if len(captured) < 2:
         return
-    user = {_storage(t) for t in inputs} | {_storage(t) for t in results}
+    user = {_storage(t) for t in known} | {_storage(t) for t in results}
     for k, graph in enumerate(captured):
-        primal_nodes = [
-            n
-            for n in graph.graph.nodes
-            if n.phase == PLACEHOLDER and n.role not in (ROLE_TANGENT, ROLE_CONSTANT)
-        ]
+        primal_nodes = _primal_nodes(graph)
         transient = frozenset(
             node.name
             for node, value in zip(primal_nodes, graph.primals, strict=True)
-            if k > 0 and node.role == ROLE_INPUT and _storage(value) not in user
+            if node.role == ROLE_INPUT and _storage(value) not in user
         )
         later = {_storage(t) for g in captured[k + 1 :] for t in g.primals}
         outputs = _tensor_outputs(graph)
@@ -256,6 +249,25 @@ def _handoffs(
                 ref for ref, storage in outputs if storage not in user and storage not in later
             ),
         )
+
+
+def _values(captured: CapturedGraph) -> list[tuple[ValueRef, torch.Tensor]]:
+    """What a run read and returned, by its name in the graph."""
+    primals = [(n.name, 0) for n in _primal_nodes(captured)]
+    outputs = zip(captured.graph.model_outputs, captured.outputs, strict=False)
+    return [
+        *zip(primals, captured.primals, strict=True),
+        *((ref, t) for ref, t in outputs if ref is not None and isinstance(t, torch.Tensor)),
+    ]
+
+
+def _primal_nodes(captured: CapturedGraph) -> list:
+    """The graph's inputs but tangents and constants, in the order a run reads them."""
+    return [
+        n
+        for n in captured.graph.nodes
+        if n.phase == PLACEHOLDER and n.role not in (ROLE_TANGENT, ROLE_CONSTANT)
+    ]
 
 
 def _tensor_outputs(captured: CapturedGraph) -> list[tuple[ValueRef, int]]:

@@ -29,28 +29,35 @@ from typing import Any
 
 import torch
 
+from explorer.graph import ValueRef
 from explorer.program import EagerCode
 
 COMPILED = "CompiledFunctionBackward"  # the autograd node of one run of a compiled graph
 
 
 def eager_code(
-    runs: list[list[torch.Tensor]], outputs: list[torch.Tensor], known: list[torch.Tensor]
+    runs: list[list[tuple[ValueRef, torch.Tensor]]],
+    outputs: list[torch.Tensor],
+    known: list[torch.Tensor],
 ) -> list[EagerCode]:
     """Per run of a graph (in the order they ran), what eager code leaves to the step there.
 
-    `runs`: the tensors each run read or returned; `outputs`: the step's output tensors;
-    `known`: the model's parameters, buffers and inputs."""
+    `runs`: the values each run read or returned, by their name in its graph; `outputs`: the
+    step's output tensors; `known`: the model's tensors and the step's inputs."""
     ran, eager = _autograd_nodes(outputs)
-    graph_tensors = {_storage(t) for tensors in runs for t in tensors}
+    made = [_made(node) for node in ran]
+    graph_tensors: dict[int, tuple[int, ValueRef]] = {}  # storage: the first run with it
+    for k, values in enumerate(runs):
+        for ref, tensor in values:
+            graph_tensors.setdefault(_storage(tensor), (k, ref))
     state = {_storage(t) for t in known}
     held = state | {_storage(t) for t in outputs}  # counted for the whole step
-    counted = held | graph_tensors
+    counted = held | set(graph_tensors)
     kept = set(held)
     found = [_Found() for _ in runs]
     last = len(runs)
     # each eager node, with the run it comes before (`last`: after the last run's forward)
-    placed = [(bisect.bisect(ran, node._sequence_nr()), node) for node in eager]
+    placed = [(bisect.bisect(made, _made(node)), node) for node in eager]
     for before, node in placed:  # earliest first: a storage lives from its first save on
         for tensor in _saved_tensors(node):
             storage = _storage(tensor)
@@ -61,32 +68,52 @@ def eager_code(
                 found[before].saved += tensor.untyped_storage().nbytes()
             elif storage in graph_tensors and storage not in kept:
                 kept.add(storage)
-                found[before].kept += tensor.untyped_storage().nbytes()
-    arrived: set[tuple[int, int]] = set()
+                run, ref = graph_tensors[storage]
+                nbytes = tensor.untyped_storage().nbytes()
+                found[before].kept = (*found[before].kept, (run, ref, nbytes))
     graded: set[int] = set()
-    # latest first: the last eager node to read a parameter, or an output of a run, makes its
-    # gradient, or the buffer autograd adds the others' into (its backward runs first)
+    # latest first: the last eager node to read a parameter makes its gradient (its backward
+    # runs first), the others add theirs into it
     for before, node in reversed(placed):
-        for target, k in node.next_functions:
+        for target, _ in node.next_functions:
             if hasattr(target, "variable"):  # AccumulateGrad: a parameter or an input
                 leaf = _storage(target.variable)
-                if leaf not in graph_tensors and leaf not in graded:
+                if leaf not in graded and leaf not in graph_tensors:
                     graded.add(leaf)
-                    bytes_ = _bytes(target.variable)
                     if before < last:
-                        found[before].grads += bytes_
+                        found[before].grads += _bytes(target.variable)
                     else:
-                        found[-1].backward += bytes_
-            elif type(target).__name__ == COMPILED:
-                made_by = bisect.bisect_left(ran, target._sequence_nr())
-                if (made_by, k) not in arrived:
-                    arrived.add((made_by, k))
-                    metadata = target._input_metadata[k]
-                    nbytes = math.prod(metadata.shape) * metadata.dtype.itemsize
-                    for between in range(made_by + 1, min(before, last)):
-                        found[between].waiting += nbytes
-    _eager_outputs(found, ran, outputs, state | graph_tensors)
+                        found[-1].backward += _bytes(target.variable)
+    _waiting(found, ran, placed)
+    _eager_outputs(found, made, outputs, state | set(graph_tensors))
     return [EagerCode(f.saved, f.kept, f.outputs, f.grads, f.waiting, f.backward) for f in found]
+
+
+def _waiting(found: list[_Found], ran: list[Any], placed: list[tuple[int, Any]]) -> None:
+    """The gradients that eager code returns, or is handed, and that wait in autograd's
+    buffers for their reader's backward while whole graphs' backwards run: from eager code
+    for an earlier graph's output or for eager code further back, and from a graph for eager
+    code further back (a graph's gradient for another graph's output, explorer.step counts).
+
+    Positions in the forward, doubled: a graph's run m at 2m, eager code just before it at
+    2m - 1. A gradient made at p for a reader at c waits through the runs m with c < 2m < p;
+    an input of a reader's that several write to waits from the first (the latest) on."""
+    position = {node: 2 * m for m, node in enumerate(ran)}
+    position |= {node: 2 * before - 1 for before, node in placed}
+    arrived: set[tuple[Any, int]] = set()
+    for maker in sorted(position, key=position.__getitem__, reverse=True):
+        made = position[maker]
+        for reader, k in maker.next_functions:
+            if reader not in position or (reader, k) in arrived:
+                continue
+            read = position[reader]
+            if made % 2 == 0 and read % 2 == 0:  # graph to graph: explorer.step's
+                continue
+            arrived.add((reader, k))
+            metadata = reader._input_metadata[k]
+            nbytes = math.prod(metadata.shape) * metadata.dtype.itemsize
+            for between in range(read // 2 + 1, (made + 1) // 2):
+                found[between].waiting += nbytes
 
 
 @dataclass
@@ -94,7 +121,7 @@ class _Found:
     """An EagerCode being added up."""
 
     saved: int = 0
-    kept: int = 0
+    kept: tuple[tuple[int, ValueRef, int], ...] = ()
     outputs: int = 0
     grads: int = 0
     waiting: int = 0
@@ -110,8 +137,8 @@ def _eager_outputs(
         if _storage(tensor) in counted:
             continue
         counted.add(_storage(tensor))
-        made = tensor.grad_fn
-        before = bisect.bisect(ran, made._sequence_nr()) if made is not None else len(found)
+        node = tensor.grad_fn
+        before = bisect.bisect(ran, _made(node)) if node is not None else len(found)
         if before < len(found):
             found[before].outputs += tensor.untyped_storage().nbytes()
         else:
@@ -120,9 +147,9 @@ def _eager_outputs(
             found[-1].backward += _bytes(tensor)
 
 
-def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[int], list[Any]]:
-    """The sequence numbers of the graphs' runs behind `outputs`, sorted, and the eager nodes
-    (neither a run nor a gradient's accumulation), in the order the forward made them."""
+def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[Any], list[Any]]:
+    """The autograd nodes behind `outputs` of the graphs' runs and of eager code (neither a
+    run nor a gradient's accumulation), each in the order the forward made them."""
     ran, eager = [], []
     seen: set[Any] = set()
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
@@ -133,10 +160,15 @@ def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[int], list[Any]]:
         seen.add(node)
         stack += [n for n, _ in node.next_functions if n is not None]
         if type(node).__name__ == COMPILED:
-            ran.append(node._sequence_nr())
+            ran.append(node)
         elif not hasattr(node, "variable"):
             eager.append(node)
-    return sorted(ran), sorted(eager, key=lambda node: node._sequence_nr())
+    return sorted(ran, key=_made), sorted(eager, key=_made)
+
+
+def _made(node: Any) -> int:
+    """When the forward made an autograd node: its sequence number."""
+    return node._sequence_nr()
 
 
 def _saved_tensors(node: Any) -> list[torch.Tensor]:

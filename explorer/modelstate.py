@@ -46,13 +46,27 @@ def copy_model(model: nn.Module) -> nn.Module:
     """A deep copy of `model`. A tensor that a module keeps from its last forward (RAFT keeps
     its correlation pyramid so) has a `grad_fn`, and deepcopy refuses such tensors: the copy
     gets it detached."""
-    memo: dict[int, Any] = {}
-    for module in model.modules():
-        for value in vars(module).values():
-            for tensor in tree_leaves(value):
-                if isinstance(tensor, torch.Tensor) and not tensor.is_leaf:
-                    memo[id(tensor)] = tensor.detach().clone()
+    memo = {id(t): t.detach().clone() for t in held_tensors(model) if not t.is_leaf}
     return copy.deepcopy(model, memo)
+
+
+def held_state(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors the model holds from step to step: `held_tensors` but those a module kept
+    from a forward (RAFT's correlation pyramid, with a `grad_fn`: activations, which the
+    step makes again)."""
+    return [t for t in held_tensors(model) if t.grad_fn is None]
+
+
+def held_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every tensor the model holds: its parameters and buffers, and tensors its modules keep
+    as attributes (a cache, or RAFT's correlation pyramid), in lists, tuples and dicts too."""
+    return [
+        tensor
+        for module in model.modules()
+        for value in vars(module).values()
+        for tensor in tree_leaves(value)
+        if isinstance(tensor, torch.Tensor)
+    ]
 
 
 def as_trained(model: nn.Module) -> nn.Module:

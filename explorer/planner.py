@@ -26,7 +26,7 @@ from explorer.export import write_module
 from explorer.graph import Graph
 from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec
-from explorer.modelstate import as_trained, tensors_in
+from explorer.modelstate import as_trained, held_state, tensors_in
 from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn, report
 from explorer.schedule import Schedule
@@ -205,15 +205,19 @@ class Planner:
         return self.solver_cache.with_name(f"{self.solver_cache.stem}_g{k + 1}.json")
 
     def _static_bytes(self) -> int:
-        """Parameters, buffers, constants and the user's inputs, each storage once: all the
-        model holds, whether the step reads it or not (transformers' Llama keeps its rotary
-        embedding's `original_inv_freq` beside the `inv_freq` its step reads; a head left
-        unused is more). Verify measures them all."""
+        """Parameters, buffers, tensors kept as module attributes, constants and the user's
+        inputs, each storage once: all the model holds, whether the step reads it or not
+        (transformers' Llama keeps its rotary embedding's `original_inv_freq` beside the
+        `inv_freq` its step reads; a head left unused is more). Verify measures them all.
+        With one graph, also its inputs that eager code made (Faster R-CNN's resized batch):
+        held through the step (several graphs count them as handed over)."""
         self.capture()
         assert self._captured is not None
-        static = [*self.tensors, *self.model.parameters(), *self.model.buffers()]
+        static = [*self.tensors, *held_state(self.model)]
         for captured in self._captured:
             static += captured.state_tensors()
+        if len(self._captured) == 1:  # its inputs made by eager code too: held all along
+            static += self._captured[0].primals
         return tensor_bytes(static)
 
     def sweep(

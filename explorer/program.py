@@ -77,9 +77,10 @@ class EagerCode:
 
     `saved`: what the code just before this graph saves for its backward, held from this
     graph's forward to the end of its backward. `kept`: what that code saves of the graphs'
-    own tensors (a graph's output or input the user does not hold), which the frames hold
-    through the forward: kept from the forward's return to the end of this graph's backward
-    (counted twice where a graph's schedule keeps it too). `outputs`: what that code returns
+    own tensors (a graph's output or input the user does not hold: the graph run that first
+    has it, its value there, its bytes), which the frames hold through the forward: kept from
+    the forward's return to the end of this graph's backward, where that run's schedule does
+    not keep it longer. `outputs`: what that code returns
     to the user, alive from this graph's forward to the end of the step. `grads`: the
     gradients that code makes for parameters no graph reads, alive from the end of this
     graph's backward. `waiting`: gradients eager code after a later graph returned for an
@@ -89,7 +90,7 @@ class EagerCode:
     user's tangents for every output eager code made."""
 
     saved: int = 0
-    kept: int = 0
+    kept: tuple[tuple[int, ValueRef, int], ...] = ()
     outputs: int = 0
     grads: int = 0
     waiting: int = 0

@@ -13,13 +13,20 @@ saves it keeps it. Its tangent comes from the later backwards through autograd, 
 over: freed after its last use in the maker's backward (kept to the backward's end before torch
 2.13). So do the tangent of an output nobody holds (zeros, made as the maker's backward starts)
 and, for an output the user holds and a later graph reads, autograd's sum of the user's tangent
-and that graph's gradient, the user's own tangent alive beside it. A later graph's gradient for
-a handed-over tensor waits, held by autograd, for the maker's backward (a graph in between adds
-its own into it). The parameters, buffers and the user's inputs are counted once for the whole
-step (`static_bytes`), however many graphs read them, and so is model state that no graph reads
+and that graph's gradient, the user's own tangent alive beside it. An output nobody holds, the
+frames hold until the forward returns. A later graph's gradient for a handed-over tensor waits,
+held by autograd, for the maker's backward (a graph in between adds its own into it). What the
+model's eager code between the graphs holds (`EagerCode`, explorer.eager) is counted where it
+lives. The parameters, buffers and the user's inputs are counted once for the whole step
+(`static_bytes`), however many graphs read them, and so is model state that no graph reads
 (it is memory all the same). With one graph all of this reduces to that graph's own
-simulation plus that unread state, exactly. Measured after every operator of a three-graph
-step, the prediction is exact (tests/test_backend.py).
+simulation plus that unread state and what eager code holds around it. Measured after every
+operator of a three-graph step, of a loop's graph run at every pass and of eager code between
+graphs, the prediction is exact (tests/test_backend.py).
+
+A graph the step runs several times (Dynamo runs one graph at every pass of a loop it split)
+is a graph of the step for each run, all runs under its one schedule (the runtime has one per
+compiled graph): one solver serves them, and the step's seconds count each run.
 
 `StepSolver` answers "fastest step plan within B bytes" with one solver per graph: first every
 graph gets the same share of its own range (minimum to no recomputation), the largest share
@@ -35,7 +42,7 @@ from dataclasses import dataclass
 
 from explorer.errors import BelowMinimum
 from explorer.graph import ROLE_TANGENT, Graph, ValueRef
-from explorer.program import EagerCode, Handoff, compile_program
+from explorer.program import EagerCode, Handoff, StepProgram, compile_program
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import Timeline, simulate
 from explorer.units import below_minimum
@@ -74,7 +81,7 @@ def step_timeline(
     """Bytes alive after each operator of the whole step (see the module docstring)."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
-    lines = _graph_timelines(graphs, schedules, workspace, handoffs)
+    lines, programs = _graph_timelines(graphs, schedules, workspace, handoffs)
     eager = [h.eager for h in handoffs]
     if len(lines) == 1 and lines[0].static_bytes == static_bytes and eager[0] == EagerCode():
         return lines[0]
@@ -97,7 +104,7 @@ def step_timeline(
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
-        around += backward_all + sum(e.kept for e in eager[: k + 1])
+        around += backward_all + _kept_by_eager(k, eager, programs)
         around += _own_user_tangent_bytes(graphs[k], handoffs[k])
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around)
@@ -110,8 +117,9 @@ def _graph_timelines(
     schedules: list[GraphSchedule],
     workspace: list[dict[str, int]],
     handoffs: list[Handoff],
-) -> list[Timeline]:
-    """Each graph's own simulation, a handed-over tensor counted by one graph only."""
+) -> tuple[list[Timeline], list[StepProgram]]:
+    """Each graph's own simulation, a handed-over tensor counted by one graph only, and each
+    graph's program."""
     lines: list[Timeline] = []
     programs = []
     read: set[tuple[int, ValueRef]] = set()  # handed-over tensors an earlier graph reads
@@ -135,7 +143,7 @@ def _graph_timelines(
             if program.slot_of[(name, 0)] in saves:
                 saved.add((j, ref))
         lines.append(simulate(graph, program, workspace[k], held))
-    return lines
+    return lines, programs
 
 
 def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> None:
@@ -145,10 +153,26 @@ def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> No
         out.phase.append(line.phase[i])
 
 
+def _kept_by_eager(run: int, eager: list[EagerCode], programs: list[StepProgram]) -> int:
+    """Bytes of the graphs' own tensors that eager code before `run` or an earlier run saves
+    (EagerCode.kept), alive through `run`'s backward: from the forward's return to that
+    code's backward, less while the run that first has one keeps it for its own backward (it
+    is counted there)."""
+    total = 0
+    for code in eager[: run + 1]:
+        for first, ref, nbytes in code.kept:
+            program = programs[first]
+            read = {slot for instr in program.backward for slot in instr.in_slots}
+            if program.slot_of[ref] not in read or run < first:
+                total += nbytes
+    return total
+
+
 def _eager_throughout(eager: EagerCode) -> int:
     """A single graph's step: what eager code leaves for the whole step, counted at every
     operator (what only its backward holds too: the safe side)."""
-    return eager.saved + eager.kept + eager.outputs + eager.backward + eager.waiting
+    kept = sum(nbytes for _, _, nbytes in eager.kept)
+    return eager.saved + kept + eager.outputs + eager.backward + eager.waiting
 
 
 def _waiting_grad_bytes(graphs: list[Graph], handoffs: list[Handoff]) -> list[int]:

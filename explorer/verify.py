@@ -25,7 +25,8 @@ of the outputs). Every row of the report is a check that can fail:
   run-to-run noise (cuDNN's atomic weight gradients) does not enter the comparison;
 - the measured peak within the budget and within 3% of the predicted peak. Memory is measured on
   CPU with a live-tensor-bytes tracker, on GPU as the bytes requested of the caching allocator
-  (`requested_bytes`), both plus the static bytes (parameters, buffers, inputs): the quantity
+  (`requested_bytes`), both plus the static bytes (parameters, buffers, other tensors the model
+  keeps, inputs): the quantity
   the planner predicts. On GPU that step runs with the user's kernel settings, and
   `torch.cuda.max_memory_allocated` (the allocator's rounded blocks) and the reserved peak are
   reported beside it.
@@ -55,6 +56,7 @@ from explorer.modelstate import (
     as_trained,
     copy_model,
     grad_holders,
+    held_state,
     output_tensors,
     tensors_in,
 )
@@ -277,9 +279,10 @@ def verify(
         raise UserError(f"{path}: {exc}") from exc
     ref_args, ref_kwargs = _fresh_inputs(args, kwargs)
     new_args, new_kwargs = _fresh_inputs(args, kwargs)
-    static = tensor_bytes(
-        [*reference.parameters(), *reference.buffers(), *tensors_in((args, kwargs))]
-    )
+    # the user's model, whose kept activations (RAFT's pyramid) have their grad_fn: the
+    # copies hold them detached
+    state = held_state(model if model is not None else reference)
+    static = tensor_bytes([*state, *tensors_in((args, kwargs))])
     dev = tensors_in((args, kwargs))[0].device
 
     with _deterministic(dev):

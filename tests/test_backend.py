@@ -338,16 +338,18 @@ class _EagerBetween(nn.Module):
         self.norm, self.head = nn.LayerNorm(32), nn.LayerNorm(32)
 
     def forward(self, x):
+        x = x.flip(-1)  # the stem's input, made during the step
         s = self.stem(x)
         # saves the stem's output (which outlives the forward so) and the norm's input; the
         # norm's parameters get their gradients outside every graph
-        h = self.norm(s.sin() * x)
+        a = s.sin() * x
+        h = self.norm(a)
         for block in self.blocks:
             torch._dynamo.graph_break()
             h = block(h)
-        # the cosine's gradient for the stem's output waits through the blocks' backwards; the
-        # head's output and its tangent are the user's
-        return self.head(h + s.cos())
+        # the cosines' gradients, for the stem's output and for the product, wait through the
+        # blocks' backwards; the head's output and its tangent are the user's
+        return self.head(h + s.cos() + a.cos())
 
 
 def test_eager_code_between_graphs_is_predicted_after_every_operator():

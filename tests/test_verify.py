@@ -181,15 +181,17 @@ def test_exporting_reuses_the_solver_the_sweep_prepared():
 
 
 class _WithUnreadState(nn.Module):
-    """A model whose step reads neither `spare` nor `table`: memory it holds all the same
-    (transformers' rotary embeddings keep `original_inv_freq` beside the `inv_freq` they
-    read; a classifier head left unused is another)."""
+    """A model whose step reads neither `spare`, `table` nor `cache`: memory it holds all the
+    same (transformers' rotary embeddings keep `original_inv_freq` beside the `inv_freq`
+    they read; a classifier head left unused is another; a tensor kept in a plain attribute
+    is neither a parameter nor a buffer)."""
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
         self.net = net
         self.spare = nn.Linear(100, 100)
         self.register_buffer("table", torch.zeros(1000))
+        self.cache = {"kept": torch.zeros(500)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -200,7 +202,8 @@ def test_the_predicted_peak_counts_what_the_model_holds_and_the_step_never_reads
 ):
     # Llama and Qwen2 from transformers failed verify by 32 bytes (an unread 8-float buffer)
     # at every budget, no recomputation included: the plan counted only the state the step
-    # reads. catches: leaving out the 44,400 bytes of `spare` and `table`
+    # reads. catches: leaving out the 44,400 bytes of `spare` and `table`, or the 2,000 of
+    # `cache`
     built = build("sample:tiny_cnn", 8, 32)
     model, x = _WithUnreadState(built.model), built.example_inputs[0]
     plan = explorer.Planner(model, x)
