@@ -27,8 +27,9 @@ import torch
 from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
-from explorer.eager import eager_code
+from explorer.eager import eager_code, saved_by_eager_code
 from explorer.errors import UserError, first_line
+from explorer.frames import Held, held_by_frames
 from explorer.fxgraph import BATCH_NORM, is_tangent
 from explorer.graph import (
     PLACEHOLDER,
@@ -63,6 +64,8 @@ class CapturedGraph:
     # the earlier run of the step of this same compiled graph, whose schedule this run follows
     # (the runtime has one schedule per compiled graph); None for a graph's first run
     same_graph_as: int | None = None
+    # what the model's frames held as this run started (explorer.frames), during capture
+    frames: list[Held] = field(default_factory=list, repr=False)
     # the compiled step that captured it (every graph of the step, without recomputation):
     # what the profile times as the runtime's own step (explorer.stepcost), compiled once
     runtime: Callable[..., Any] | None = field(default=None, repr=False)
@@ -98,6 +101,7 @@ class _Recorder(RematBackend):
             if self.done:
                 return run(args)
             primals = list(args)  # the boxed call clears `args`
+            frames = held_by_frames(capture.__code__)
             result = run(args)
             same = self._first_pass.setdefault(number, len(self.passes))
             self.passes.append(
@@ -108,6 +112,7 @@ class _Recorder(RematBackend):
                     primals,
                     list(result)[:num_fwd_outputs],
                     same_graph_as=None if same == len(self.passes) else same,
+                    frames=frames,
                 )
             )
             return result
@@ -161,10 +166,18 @@ def capture(
     known = [*tensors_in((args, kwargs)), *held_tensors(model)]
     _handoffs(captured, known, outputs)
     runs = [_values(graph) for graph in captured]
-    for graph, eager in zip(captured, eager_code(runs, outputs, known), strict=True):
+    frames = [graph.frames for graph in captured]
+    codes = eager_code(runs, outputs, known, frames)
+    for graph, eager in zip(captured, codes, strict=True):
         graph.handoff = replace(graph.handoff, eager=eager)
+    for before, eager in enumerate(codes):  # a later run's tensor that eager code keeps
+        for first, ref, _ in eager.kept:
+            if first >= before:
+                handoff = captured[first].handoff
+                by_eager = handoff.kept_by_eager | {ref}
+                captured[first].handoff = replace(handoff, kept_by_eager=by_eager)
     for graph in captured:
-        graph.outputs = []  # only their identities were needed
+        graph.outputs, graph.frames = [], []  # only their identities were needed
         graph.runtime = call
     return captured
 
@@ -207,6 +220,8 @@ def _handoffs(
     if len(captured) < 2:
         return
     user = {_storage(t) for t in known} | {_storage(t) for t in results}
+    saved = saved_by_eager_code(results)
+    held_at = [{held.address for held in graph.frames} for graph in captured]
     for k, graph in enumerate(captured):
         primal_nodes = _primal_nodes(graph)
         transient = frozenset(
@@ -216,6 +231,7 @@ def _handoffs(
         )
         later = {_storage(t) for g in captured[k + 1 :] for t in g.primals}
         outputs = _tensor_outputs(graph)
+        dropped = [(r, storage) for r, storage in outputs if storage not in user | later]
         only_later = later - user
         passed_on = frozenset(ref for ref, storage in outputs if storage in only_later)
         made = {
@@ -245,10 +261,24 @@ def _handoffs(
                 for node, value in zip(primal_nodes, graph.primals, strict=True)
                 if node.role == ROLE_PARAM and _storage(value) in later
             ),
-            dropped=frozenset(
-                ref for ref, storage in outputs if storage not in user and storage not in later
-            ),
+            dropped=frozenset(ref for ref, _ in dropped),
+            released=tuple(_released(dropped, held_at, k, saved)),
         )
+
+
+def _released(
+    dropped: list[tuple[ValueRef, int]], held_at: list[set[int]], run: int, saved: set[int]
+) -> list[tuple[ValueRef, int]]:
+    """Of `run`'s outputs that neither the user nor a later graph holds, those that no frame
+    held as a later run started (`held_at`: the storages they held), each with the first such
+    run; not those eager code saved (autograd keeps them)."""
+    found = []
+    for ref, storage in dropped:
+        later = range(run + 1, len(held_at))
+        first = next((k for k in later if storage not in held_at[k]), None)
+        if first is not None and storage not in saved:
+            found.append((ref, first))
+    return found
 
 
 def _values(captured: CapturedGraph) -> list[tuple[ValueRef, torch.Tensor]]:

@@ -10,14 +10,14 @@ graphs' runs (`CompiledFunctionBackward` nodes) and where each eager node falls 
 autograd's sequence numbers (the order the forward made them in).
 
 What is counted (`explorer.program.EagerCode`): what eager code saves for the backward (once
-per storage, and only storages no graph run reads or returns and that are not the model's
-state or inputs: those are counted where they are), the gradients it makes for parameters no
-graph reads, the gradients it returns for an earlier graph's outputs that wait for that
-graph's backward, and the outputs it returns to the user with their tangents. Not counted:
-what eager code saves or makes after the last graph's forward before its own backward runs
-(no operator of any graph runs in between), tensors eager code holds without autograd saving
-them (a loop's `torch.rand` draws, a few bytes), and a gradient an eager operator passes on
-unchanged to two places (`a + b`), counted for each (the safe side).
+per storage; a graph's own tensor it saves is named, so that a schedule keeping it too is not
+counted twice), the gradients it makes for parameters no graph reads, the gradients waiting in
+autograd's buffers for eager code or a graph further back while other graphs' backwards run,
+the outputs it returns to the user with their tangents, and what its frames hold as each graph
+starts beyond all that (explorer.frames). Not counted: what eager code saves or makes after
+the last graph's forward before its own backward runs (no operator of any graph runs in
+between), and what frames take up and let go between two graphs' starts. Counted twice (the
+safe side): a gradient an eager operator passes on unchanged to two places (`a + b`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from explorer.frames import Held
 from explorer.graph import ValueRef
 from explorer.program import EagerCode
 
@@ -39,11 +40,13 @@ def eager_code(
     runs: list[list[tuple[ValueRef, torch.Tensor]]],
     outputs: list[torch.Tensor],
     known: list[torch.Tensor],
+    frames: list[list[Held]],
 ) -> list[EagerCode]:
     """Per run of a graph (in the order they ran), what eager code leaves to the step there.
 
     `runs`: the values each run read or returned, by their name in its graph; `outputs`: the
-    step's output tensors; `known`: the model's tensors and the step's inputs."""
+    step's output tensors; `known`: the model's tensors and the step's inputs; `frames`: what
+    the model's frames held as each run started (explorer.frames)."""
     ran, eager = _autograd_nodes(outputs)
     made = [_made(node) for node in ran]
     graph_tensors: dict[int, tuple[int, ValueRef]] = {}  # storage: the first run with it
@@ -54,6 +57,7 @@ def eager_code(
     held = state | {_storage(t) for t in outputs}  # counted for the whole step
     counted = held | set(graph_tensors)
     kept = set(held)
+    saved_from: dict[int, int] = {}  # storage: the run whose forward its save is counted from
     found = [_Found() for _ in runs]
     last = len(runs)
     # each eager node, with the run it comes before (`last`: after the last run's forward)
@@ -65,6 +69,7 @@ def eager_code(
                 continue
             if storage not in counted:
                 counted.add(storage)
+                saved_from[storage] = before
                 found[before].saved += tensor.untyped_storage().nbytes()
             elif storage in graph_tensors and storage not in kept:
                 kept.add(storage)
@@ -86,7 +91,26 @@ def eager_code(
                         found[-1].backward += _bytes(target.variable)
     _waiting(found, ran, placed)
     _eager_outputs(found, made, outputs, state | set(graph_tensors))
-    return [EagerCode(f.saved, f.kept, f.outputs, f.grads, f.waiting, f.backward) for f in found]
+    for run, held_then in enumerate(frames):  # beyond what is counted elsewhere by then
+        for storage in held_then:
+            first = graph_tensors.get(storage.address, (run + 1, None))[0]
+            if storage.alive and (
+                storage.address in held
+                or first <= run  # a graph's tensor by then (an input made for a later one)
+                or saved_from.get(storage.address, run + 1) <= run
+            ):
+                continue
+            found[run].locals += storage.nbytes
+    return [
+        EagerCode(f.saved, f.kept, f.outputs, f.grads, f.waiting, f.backward, f.locals)
+        for f in found
+    ]
+
+
+def saved_by_eager_code(outputs: list[torch.Tensor]) -> set[int]:
+    """The storages (addresses) eager code behind `outputs` saved for its backward."""
+    _, eager = _autograd_nodes(outputs)
+    return {_storage(t) for node in eager for t in _saved_tensors(node)}
 
 
 def _waiting(found: list[_Found], ran: list[Any], placed: list[tuple[int, Any]]) -> None:
@@ -126,6 +150,7 @@ class _Found:
     grads: int = 0
     waiting: int = 0
     backward: int = 0
+    locals: int = 0
 
 
 def _eager_outputs(

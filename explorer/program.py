@@ -87,7 +87,10 @@ class EagerCode:
     earlier graph's outputs, held by autograd through this graph's backward. `backward`:
     alive through every graph's backward (counted on the last graph): what the code after
     the last graph returns and the gradients it makes for parameters no graph reads, and the
-    user's tangents for every output eager code made."""
+    user's tangents for every output eager code made. `locals`: what the frames of the
+    model's code hold as this graph starts beyond all that and the graphs' own tensors (a
+    zeroed tensor eager code fills, a loop's random draws: explorer.frames), held through
+    this graph's forward."""
 
     saved: int = 0
     kept: tuple[tuple[int, ValueRef, int], ...] = ()
@@ -95,6 +98,7 @@ class EagerCode:
     grads: int = 0
     waiting: int = 0
     backward: int = 0
+    locals: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,11 @@ class Handoff:
     graph's is added into it, so the step counts one gradient, the later graph's. `dropped`:
     outputs that neither the user nor a later graph holds (a local of the model's eager code,
     which may read it): the Python frames hold them until the model's forward returns, then
-    they live on only if this graph saves them.
+    they live on only if this graph saves them; `released`: those of them that no frame held,
+    nor eager code saved, when a later graph (its number in the step) started: freed before
+    that graph's forward instead. `kept_by_eager`: this graph's tensors that eager code before
+    it saves (`EagerCode.kept`): where this backward reads one, it stays to this backward's
+    end (autograd holds it for that code's backward, which runs next).
     `eager`: what the model's eager code around this graph leaves to the step."""
 
     transient_inputs: frozenset[str] = frozenset()
@@ -134,6 +142,8 @@ class Handoff:
     params_read_later: frozenset[str] = frozenset()
     eager: EagerCode = EagerCode()
     dropped: frozenset[ValueRef] = frozenset()
+    released: tuple[tuple[ValueRef, int], ...] = ()
+    kept_by_eager: frozenset[ValueRef] = frozenset()
 
 
 @dataclass
@@ -156,9 +166,10 @@ class StepProgram:
     passed_on_slots: list[int] = field(default_factory=list)  # freed when the forward ends
     # passed on, and read by the backward too: kept past the forward (the user holds neither)
     saved_passed_on: list[int] = field(default_factory=list)
-    # handed-over tangents the runtime keeps to the end of the backward, then lets go
-    # (Handoff.handed_tangents_kept)
-    kept_handed_tangent_slots: list[int] = field(default_factory=list)
+    # alive to the end of the backward, then let go: handed-over tangents the runtime keeps
+    # (Handoff.handed_tangents_kept), tensors eager code keeps (Handoff.kept_by_eager)
+    kept_to_end_slots: list[int] = field(default_factory=list)
+    frame_released: dict[int, int] = field(default_factory=dict)  # Handoff.released, slots
 
 
 def _slot_table(graph: Graph) -> dict[ValueRef, int]:
@@ -251,6 +262,7 @@ def compile_program(
         forward = _fuse_dropouts(graph, forward)
     dropped = {table[r] for r in handoff.dropped}
     frame_held = [s for s in [*transient, *sorted(dropped)] if s not in read_later]
+    frame_released = {table[r]: k for r, k in handoff.released if table[r] in frame_held}
 
     grads = [None if r is None else table[r] for r in graph.input_grads]
     kept_outputs = set(outputs) - set(passed_on) - set(saved_passed_on) - dropped
@@ -264,7 +276,10 @@ def compile_program(
     }
     handed_kept = sorted(handed) if handoff.handed_tangents_kept else []
     held_tangents = (set(tangents) - handed) | set(handed_kept)
+    # what eager code keeps past this backward, and this backward reads: alive to its end
+    eager_kept = sorted({table[r] for r in handoff.kept_by_eager} & read_later)
     keep_bwd = set(static) | kept_outputs | held_tangents | {g for g in grads if g is not None}
+    keep_bwd |= set(eager_kept)
     unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents) | set(bw_transient))
     return StepProgram(
         table,
@@ -280,7 +295,8 @@ def compile_program(
         frame_held,
         passed_on,
         saved_passed_on,
-        handed_kept,
+        [*handed_kept, *eager_kept],
+        frame_released,
     )
 
 

@@ -11,7 +11,7 @@ while running when a (CUDA) profile measured one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from explorer.graph import PLACEHOLDER, ROLE_TANGENT, Graph
 from explorer.program import Instr, StepProgram, outputs_of
@@ -29,6 +29,9 @@ class Timeline:
     # of those, the transient inputs that only the Python frames hold: freed when the whole
     # step's forward ends (explorer.step), before any backward
     frame_bytes: int = 0
+    # of those, what the frames let go before a later graph's forward, by that graph's number
+    # in the step (Handoff.released)
+    released: dict[int, int] = field(default_factory=dict)
     # outputs passed on to later graphs that stay alive after the forward (saved for the
     # backward): their slots; a later graph does not count them again (explorer.step)
     kept_passed_on: frozenset[int] = frozenset()
@@ -135,6 +138,10 @@ def simulate(
         slot for slot, sid in storages.items() if sid is not None and mem.refs[sid] > 0
     ) | frozenset(program.saved_passed_on)
     timeline.held_bytes = mem.live - timeline.static_bytes
+    for slot, run in sorted(program.frame_released.items(), key=lambda item: item[1]):
+        alive = mem.live
+        mem.clear(slot)
+        timeline.released[run] = timeline.released.get(run, 0) + alive - mem.live
     for slot in program.frame_held:
         mem.clear(slot)
     timeline.frame_bytes = timeline.static_bytes + timeline.held_bytes - mem.live
@@ -143,7 +150,7 @@ def simulate(
     for slot in program.unread_saved:
         mem.clear(slot)
     _run(graph, program.backward, mem, timeline, "backward", workspace)
-    for slot in program.kept_handed_tangent_slots:  # the user never held them
+    for slot in program.kept_to_end_slots:  # the user never held them
         if slot not in program.grad_slots:  # (unless returned as a gradient as they are)
             mem.clear(slot)
     grads = {mem.storage_of_slot.get(slot) for slot in program.grad_slots if slot is not None}

@@ -90,7 +90,8 @@ def step_timeline(
     held = 0
     for k, line in enumerate(lines):
         held += eager[k].saved + eager[k].outputs
-        _append(out, line, k, range(line.forward_end), static_bytes + held)
+        held -= sum(earlier.released.get(k, 0) for earlier in lines[:k])  # frames let go
+        _append(out, line, k, range(line.forward_end), static_bytes + held + eager[k].locals)
         held += line.held_bytes
     out.held_bytes = held
     # a later graph's outputs the user holds, and their tangents, stay alive through the
@@ -100,7 +101,8 @@ def step_timeline(
     tangents = [_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
     waiting = _waiting_grad_bytes(graphs, handoffs)
     backward_all = sum(e.backward for e in eager)  # eager code's, through every backward
-    held -= sum(line.frame_bytes for line in lines)  # the model's forward has returned
+    # the model's forward has returned
+    held -= sum(line.frame_bytes - sum(line.released.values()) for line in lines)
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
@@ -172,7 +174,7 @@ def _eager_throughout(eager: EagerCode) -> int:
     """A single graph's step: what eager code leaves for the whole step, counted at every
     operator (what only its backward holds too: the safe side)."""
     kept = sum(nbytes for _, _, nbytes in eager.kept)
-    return eager.saved + kept + eager.outputs + eager.backward + eager.waiting
+    return eager.saved + kept + eager.outputs + eager.backward + eager.waiting + eager.locals
 
 
 def _waiting_grad_bytes(graphs: list[Graph], handoffs: list[Handoff]) -> list[int]:

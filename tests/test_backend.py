@@ -344,12 +344,13 @@ class _EagerBetween(nn.Module):
         # norm's parameters get their gradients outside every graph
         a = s.sin() * x
         h = self.norm(a)
+        noise = torch.full_like(h, 0.5)  # only this frame holds it, through the blocks
         for block in self.blocks:
             torch._dynamo.graph_break()
-            h = block(h)
+            h = block(h).relu()  # the block's output, which only eager code reads, let go
         # the cosines' gradients, for the stem's output and for the product, wait through the
         # blocks' backwards; the head's output and its tangent are the user's
-        return self.head(h + s.cos() + a.cos())
+        return self.head(h + s.cos() + a.cos() + noise)
 
 
 def test_eager_code_between_graphs_is_predicted_after_every_operator():
@@ -364,9 +365,11 @@ def test_eager_code_between_graphs_is_predicted_after_every_operator():
     torch.manual_seed(0)
     x = torch.randn(256, 32)
     model = _EagerBetween()
-    eager = [run.handoff.eager for run in capture(copy.deepcopy(model), (x,))]
-    for part in ("saved", "kept", "grads", "waiting", "backward"):
+    runs = capture(copy.deepcopy(model), (x,))
+    eager = [run.handoff.eager for run in runs]
+    for part in ("saved", "kept", "grads", "waiting", "backward", "locals"):
         assert any(getattr(e, part) for e in eager), part
+    assert any(run.handoff.released for run in runs)
     plan = explorer.Planner(model, x)
     front = plan.sweep(points=4)
     assert len(front.points) > 2

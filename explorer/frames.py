@@ -1,0 +1,85 @@
+"""What the Python frames of a model's eager code hold when one of its graphs starts to run.
+
+Between its graphs a model runs Python: a frame Dynamo runs eagerly (a graph break inside a
+loop), torch's own modules called from it, the code of a split. Its locals are memory the plan
+cannot change but the step holds: Faster R-CNN's RoI pooling fills a zeroed tensor of all the
+boxes' features (51 MB) while two graphs run. Autograd's graph shows what eager code saves
+(explorer.eager); what its frames merely hold is read here, at each graph run's start, by
+walking the Python stack from that run up to the capture, through the frames of the model's
+code (not PyTorch's machinery below torch.nn, nor this package's) and the containers and plain
+objects in their locals.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+_TORCH = os.path.dirname(torch.__file__) + os.sep
+_TORCH_NN = os.path.dirname(nn.__file__) + os.sep
+_HERE = os.path.dirname(__file__) + os.sep
+DEPTH = 3  # containers and objects opened below a frame's locals
+
+
+class Held:
+    """A storage a frame held: its address and bytes then, and whether it is still alive."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        self.address = storage.data_ptr()
+        self.nbytes = storage.nbytes()
+        self._alive = StorageWeakRef(storage)
+
+    @property
+    def alive(self) -> bool:
+        return not self._alive.expired()
+
+
+def held_by_frames(stop: CodeType) -> list[Held]:
+    """The storages the model's frames hold now, each once, up to the frame running `stop`."""
+    found: dict[int, Held] = {}
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code is not stop:
+        if _is_model_code(frame.f_code.co_filename):
+            for tensor in _tensors_within(list(frame.f_locals.values()), DEPTH):
+                if tensor.device.type != "meta":
+                    held = Held(tensor)
+                    found.setdefault(held.address, held)
+        frame = frame.f_back
+    return list(found.values())
+
+
+def _is_model_code(filename: str) -> bool:
+    if filename.startswith(_HERE):
+        return False
+    return not filename.startswith(_TORCH) or filename.startswith(_TORCH_NN)
+
+
+def _tensors_within(values: list[Any], depth: int) -> list[torch.Tensor]:
+    """Tensors among `values`, and inside their lists, tuples, dicts and plain objects' fields
+    down to `depth` (modules are not opened: their state is the model's)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [(value, depth) for value in values]
+    while stack:
+        value, left = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif left == 0 or isinstance(value, (nn.Module, type, str, bytes, int, float)):
+            continue
+        elif isinstance(value, dict):
+            stack += [(v, left - 1) for v in value.values()]
+        elif isinstance(value, (list, tuple, set)):
+            stack += [(v, left - 1) for v in value]
+        elif hasattr(value, "__dict__") and not callable(value):
+            stack += [(v, left - 1) for v in vars(value).values()]
+    return found
