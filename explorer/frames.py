@@ -48,9 +48,13 @@ def held_by_frames(stop: CodeType) -> list[Held]:
     while frame is not None and frame.f_code is not stop:
         if _is_model_code(frame.f_code.co_filename):
             for tensor in _tensors_within(list(frame.f_locals.values()), DEPTH):
-                if tensor.device.type != "meta":
+                if tensor.device.type == "meta":
+                    continue
+                try:
                     held = Held(tensor)
-                    found.setdefault(held.address, held)
+                except RuntimeError:  # no plain storage (sparse)
+                    continue
+                found.setdefault(held.address, held)
         frame = frame.f_back
     return list(found.values())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from explorer.capture import capture
 from explorer.errors import UserError
+from explorer.frames import held_by_frames
 from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph
 from explorer.models import build
 from explorer.rngreplay import STATE_BYTES
@@ -214,3 +216,26 @@ def test_nothing_to_train_is_a_clear_error():
     model = nn.Linear(4, 4).requires_grad_(False)
     with pytest.raises(UserError, match="nothing to plan: no graph .* needs a gradient"):
         capture(model, (torch.randn(2, 4),))
+
+
+def test_what_the_frames_hold_is_read_through_containers_and_objects():
+    # catches: a tensor inside a list, a dict or a plain object missed (Faster R-CNN keeps its
+    # images in an ImageList), a module opened (its state is the model's), a tensor without a
+    # plain storage (sparse) ending the capture, the stop frame's own locals read, or a
+    # storage still taken for alive once nothing holds it
+    def held_in(frame_of):
+        return frame_of()
+
+    def outer():
+        spare = torch.zeros(100)  # noqa: F841 (the stop frame's local: not read)
+        return middle()
+
+    def middle():
+        dense, nested = torch.zeros(10), {"a": [torch.ones(3)]}  # noqa: F841
+        box, layer = SimpleNamespace(t=torch.ones(5)), nn.Linear(2, 2)  # noqa: F841
+        sparse = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (2, 2))  # noqa: F841
+        return held_in(lambda: held_by_frames(outer.__code__))
+
+    held = outer()
+    assert sorted(h.nbytes for h in held) == [12, 20, 40]
+    assert not any(h.alive for h in held)  # their frames have returned
