@@ -9,7 +9,10 @@ never changes the model. It runs after one eager forward, whose result is droppe
 first call may differ from every later one. Most models give one graph; code Dynamo cannot
 trace splits the model into several (a graph break), each planned. A graph break inside a
 loop over layers makes Dynamo run one graph for every pass: each run is a graph of the step
-(`CapturedGraph`, in the order they ran), all runs of one graph under one schedule.
+(`CapturedGraph`, in the order they ran), all runs of one graph under one schedule. What the
+model's own code between the graphs leaves to the step is read too: from the autograd graph
+behind the outputs (explorer.eager) and from the Python frames at each run's start
+(explorer.frames).
 
 The example inputs follow `torch.export`: positional `args` (a tensor or a tuple) and keyword
 `kwargs`. The step planned is the model's forward and its backward from the gradients of every
@@ -165,17 +168,7 @@ def capture(
     outputs = output_tensors(result)
     known = [*tensors_in((args, kwargs)), *held_tensors(model)]
     _handoffs(captured, known, outputs)
-    runs = [_values(graph) for graph in captured]
-    frames = [graph.frames for graph in captured]
-    codes = eager_code(runs, outputs, known, frames)
-    for graph, eager in zip(captured, codes, strict=True):
-        graph.handoff = replace(graph.handoff, eager=eager)
-    for before, eager in enumerate(codes):  # a later run's tensor that eager code keeps
-        for first, ref, _ in eager.kept:
-            if first >= before:
-                handoff = captured[first].handoff
-                by_eager = handoff.kept_by_eager | {ref}
-                captured[first].handoff = replace(handoff, kept_by_eager=by_eager)
+    _attach_eager_code(captured, outputs, known)
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed
         graph.runtime = call
@@ -264,6 +257,24 @@ def _handoffs(
             dropped=frozenset(ref for ref, _ in dropped),
             released=tuple(_released(dropped, held_at, k, saved)),
         )
+
+
+def _attach_eager_code(
+    captured: list[CapturedGraph], outputs: list[torch.Tensor], known: list[torch.Tensor]
+) -> None:
+    """Each run's Handoff gets what the model's eager code around it leaves to the step
+    (explorer.eager), and the tensors of its that eager code before it keeps past its
+    backward (`Handoff.kept_by_eager`)."""
+    runs = [_values(graph) for graph in captured]
+    codes = eager_code(runs, outputs, known, [graph.frames for graph in captured])
+    for graph, eager in zip(captured, codes, strict=True):
+        graph.handoff = replace(graph.handoff, eager=eager)
+    for before, eager in enumerate(codes):
+        for first, ref, _ in eager.kept:
+            if first >= before:
+                handoff = captured[first].handoff
+                by_eager = handoff.kept_by_eager | {ref}
+                captured[first].handoff = replace(handoff, kept_by_eager=by_eager)
 
 
 def _released(

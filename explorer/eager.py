@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,7 +57,7 @@ def eager_code(
     counted = held | set(graph_tensors)
     kept = set(held)
     saved_from: dict[int, int] = {}  # storage: the run whose forward its save is counted from
-    found = [_Found() for _ in runs]
+    found = [EagerCode() for _ in runs]
     last = len(runs)
     # each eager node, with the run it comes before (`last`: after the last run's forward)
     placed = [(bisect.bisect(made, _made(node)), node) for node in eager]
@@ -101,10 +100,7 @@ def eager_code(
             ):
                 continue
             found[run].locals += storage.nbytes
-    return [
-        EagerCode(f.saved, f.kept, f.outputs, f.grads, f.waiting, f.backward, f.locals)
-        for f in found
-    ]
+    return found
 
 
 def saved_by_eager_code(outputs: list[torch.Tensor]) -> set[int]:
@@ -113,7 +109,7 @@ def saved_by_eager_code(outputs: list[torch.Tensor]) -> set[int]:
     return {_storage(t) for node in eager for t in _saved_tensors(node)}
 
 
-def _waiting(found: list[_Found], ran: list[Any], placed: list[tuple[int, Any]]) -> None:
+def _waiting(found: list[EagerCode], ran: list[Any], placed: list[tuple[int, Any]]) -> None:
     """The gradients that eager code returns, or is handed, and that wait in autograd's
     buffers for their reader's backward while whole graphs' backwards run: from eager code
     for an earlier graph's output or for eager code further back, and from a graph for eager
@@ -140,21 +136,8 @@ def _waiting(found: list[_Found], ran: list[Any], placed: list[tuple[int, Any]])
                 found[between].waiting += nbytes
 
 
-@dataclass
-class _Found:
-    """An EagerCode being added up."""
-
-    saved: int = 0
-    kept: tuple[tuple[int, ValueRef, int], ...] = ()
-    outputs: int = 0
-    grads: int = 0
-    waiting: int = 0
-    backward: int = 0
-    locals: int = 0
-
-
 def _eager_outputs(
-    found: list[_Found], ran: list[int], outputs: list[torch.Tensor], not_eager: set[int]
+    found: list[EagerCode], ran: list[int], outputs: list[torch.Tensor], not_eager: set[int]
 ) -> None:
     """The step's outputs that eager code made, and the user's tangents for them."""
     counted = set(not_eager)

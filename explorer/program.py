@@ -70,7 +70,7 @@ def operator_of(graph: Graph, name: str) -> str:
     return NATIVE_DROPOUT if name.startswith(FUSED_PREFIX) else graph.node(name).target
 
 
-@dataclass(frozen=True)
+@dataclass
 class EagerCode:
     """What the model's eager code (operators Dynamo left outside every graph: a frame it runs
     eagerly, found by explorer.eager) leaves to a step around one of its graphs, in bytes.
@@ -140,7 +140,7 @@ class Handoff:
     handed_tangents_kept: bool = False
     user_tangents_too: frozenset[str] = frozenset()
     params_read_later: frozenset[str] = frozenset()
-    eager: EagerCode = EagerCode()
+    eager: EagerCode = field(default_factory=EagerCode)
     dropped: frozenset[ValueRef] = frozenset()
     released: tuple[tuple[ValueRef, int], ...] = ()
     kept_by_eager: frozenset[ValueRef] = frozenset()

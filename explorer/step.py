@@ -164,8 +164,8 @@ def _kept_by_eager(run: int, eager: list[EagerCode], programs: list[StepProgram]
     for code in eager[: run + 1]:
         for first, ref, nbytes in code.kept:
             program = programs[first]
-            read = {slot for instr in program.backward for slot in instr.in_slots}
-            if program.slot_of[ref] not in read or run < first:
+            read = any(program.slot_of[ref] in instr.in_slots for instr in program.backward)
+            if not read or run < first:
                 total += nbytes
     return total
 
