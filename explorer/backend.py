@@ -194,10 +194,7 @@ class RematBackend:
         schedule = self._schedule_for(joint, graph, num_fwd_outputs)
         self._partitioned += 1
         self._planned = self._partitioned
-        structure = graph.structure()
-        self.counted_runs[self._planned] = max(
-            1, sum(s.structure == structure for s in self.schedules)
-        )
+        self.counted_runs[self._planned] = _runs_planned(self.schedules, graph)
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
         return forward, backward
@@ -248,6 +245,14 @@ class RematBackend:
                 stacklevel=2,
             )
         return schedule
+
+
+def _runs_planned(schedules: list[GraphSchedule], graph: Graph) -> int:
+    """How many runs of `graph` a step of the plan makes: its schedules made for this graph,
+    else (a resized graph) those made for its structure; at least one."""
+    fingerprint, structure = graph.fingerprint(), graph.structure()
+    exact = sum(s.fingerprint == fingerprint for s in schedules)
+    return max(1, exact or sum(s.structure == structure for s in schedules))
 
 
 def _check_fits(graph: Graph, schedule: GraphSchedule) -> None:

@@ -293,6 +293,40 @@ def test_a_path_that_runs_a_graph_again_is_warned_about_once():
         wrapped(x)  # once
 
 
+class _TwoSizes(nn.Module):
+    """Blocks applied in a loop Dynamo splits, each to two inputs of different batch sizes:
+    per pass two graphs of one structure and different sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(PassBlock() for _ in range(4))
+        self.passes = (3, 3)
+
+    def forward(self, a, b):
+        for k, block in enumerate(self.blocks):
+            torch._dynamo.graph_break()
+            if k < self.passes[0]:
+                a = block(a)
+            if k < self.passes[1]:
+                b = block(b)
+        return a.sum() + b.sum()
+
+
+def test_runs_beyond_the_plan_are_counted_per_graph_not_per_structure():
+    # catches: a graph that runs more often than planned going by without a word because a
+    # graph of the same structure (the same block at another batch size) runs less often
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 32), torch.randn(4, 32)
+    plan = explorer.Planner(_TwoSizes(), (a, b))
+    wrapped = _wrap(plan, plan.sweep(points=3).points[0].schedule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        wrapped(a, b).backward()  # as planned
+    wrapped.model.passes = (4, 2)
+    with pytest.warns(RematWarning, match="ran one of its graphs 3 times, where the plan counts 2"):
+        wrapped(a, b).backward()
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["four blocks", "one block four times"])
 def test_a_loop_whose_graph_runs_at_every_pass_is_planned_to_the_byte(shared):
     """Dynamo splits the loop at every pass and runs one graph for the second to the fourth
