@@ -12,7 +12,8 @@ loop over layers makes Dynamo run one graph for every pass: each run is a graph 
 (`CapturedGraph`, in the order they ran), all runs of one graph under one schedule. What the
 model's own code between the graphs leaves to the step is read too: from the autograd graph
 behind the outputs (explorer.eager) and from the Python frames at each run's start
-(explorer.frames).
+(explorer.frames). The forward draws from seed 0, as verify's step does, so that a branch on a
+random draw (LayerDrop) is planned on the path verify takes, whatever the caller's state.
 
 The example inputs follow `torch.export`: positional `args` (a tensor or a tuple) and keyword
 `kwargs`. The step planned is the model's forward and its backward from the gradients of every
@@ -46,6 +47,11 @@ from explorer.graph import (
 from explorer.modelstate import held_tensors, kept, output_tensors, tensors_in
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
+
+# the seed the captured forward draws from: verify's step's (explorer.verify.training_step), so
+# a branch on a random draw (LayerDrop) takes the path verify's step takes, and the plan does
+# not depend on the caller's random state
+STEP_SEED = 0
 
 # the PyTorch running here keeps a graph's handed-over tangents through its backward
 # (AOTAutograd before 2.13; see `Handoff`)
@@ -144,11 +150,11 @@ def capture(
     run under it. Raises UserError when nothing in the step needs a gradient, or when Dynamo or
     AOTAutograd cannot capture the model (the message names the failing construct).
     """
-    with kept(model, (args, kwargs)), _autocast(args, autocast):
+    with kept(model, (args, kwargs), STEP_SEED), _autocast(args, autocast):
         _first_call(model, args, kwargs or {})
     recorder = _Recorder()
     call = compile_call(recorder)
-    with kept(model, (args, kwargs)), dynamo_settings(), _autocast(args, autocast):
+    with kept(model, (args, kwargs), STEP_SEED), dynamo_settings(), _autocast(args, autocast):
         try:
             result = call(model, *args, **(kwargs or {}))
         except UserError:

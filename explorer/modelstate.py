@@ -20,8 +20,10 @@ from torch.utils._pytree import tree_leaves
 
 
 @contextmanager
-def kept(model: nn.Module, inputs: Any) -> Iterator[None]:
-    """Restore the model's state on exit (see the module docstring)."""
+def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[None]:
+    """Restore the model's state on exit (see the module docstring). `seed`: seed the
+    generators it puts back (CPU, and the CUDA devices in use) on entry, as
+    `torch.manual_seed` does for the step verify runs."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     grads = [(t, t.grad) for t in grad_holders(model, inputs)]
     modes = [(m, m.training) for m in model.modules()]
@@ -30,6 +32,10 @@ def kept(model: nn.Module, inputs: Any) -> Iterator[None]:
     if device.type == "cuda":
         cuda.add(_cuda_index(device))
     with torch.random.fork_rng(devices=sorted(cuda)):
+        if seed is not None:
+            torch.random.default_generator.manual_seed(seed)
+            for index in cuda:
+                torch.cuda.default_generators[index].manual_seed(seed)
         try:
             yield
         finally:

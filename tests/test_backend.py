@@ -293,6 +293,35 @@ def test_a_path_that_runs_a_graph_again_is_warned_about_once():
         wrapped(x)  # once
 
 
+class _RandomSkips(nn.Module):
+    """Blocks each skipped at random, as LayerDrop skips layers: a branch on a draw inside the
+    loop (a graph break there), the blocks' graph run once per block kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(PassBlock() for _ in range(8))
+
+    def forward(self, x):
+        for block in self.blocks:
+            if torch.rand(()) < 0.5:
+                x = block(x)
+        return x
+
+
+def test_a_random_branch_is_planned_on_the_path_verify_takes():
+    # catches: the capture drawing from the caller's random state, so that the plan counts
+    # the blocks another draw kept than verify's step (seed 0) keeps, and the prediction is
+    # off by whole blocks (verify failed)
+    x = torch.randn(64, 32)
+    torch.manual_seed(0)
+    model = _RandomSkips()
+    torch.manual_seed(7)  # the caller's state: its draws keep one block fewer than seed 0's
+    plan = explorer.Planner(model, x)
+    report = plan.sweep(points=3).points[0].schedule.verify()
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert report.ok and peak.measured == peak.predicted, report.format_table()
+
+
 class _TwoSizes(nn.Module):
     """Blocks applied in a loop Dynamo splits, each to two inputs of different batch sizes:
     per pass two graphs of one structure and different sizes."""
