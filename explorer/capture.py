@@ -44,14 +44,16 @@ from explorer.graph import (
     Graph,
     ValueRef,
 )
-from explorer.modelstate import held_tensors, kept, output_tensors, tensors_in
+from explorer.modelstate import (
+    STEP_SEED,
+    held_tensors,
+    kept,
+    output_tensors,
+    storage_address,
+    tensors_in,
+)
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
-
-# the seed the captured forward draws from: verify's step's (explorer.verify.training_step), so
-# a branch on a random draw (LayerDrop) takes the path verify's step takes, and the plan does
-# not depend on the caller's random state
-STEP_SEED = 0
 
 # the PyTorch running here keeps a graph's handed-over tangents through its backward
 # (AOTAutograd before 2.13; see `Handoff`)
@@ -218,7 +220,7 @@ def _handoffs(
     of a graph other than the last only later graphs read."""
     if len(captured) < 2:
         return
-    user = {_storage(t) for t in known} | {_storage(t) for t in results}
+    user = {storage_address(t) for t in known} | {storage_address(t) for t in results}
     saved = saved_by_eager_code(results)
     held_at = [{held.address for held in graph.frames} for graph in captured]
     for k, graph in enumerate(captured):
@@ -226,9 +228,9 @@ def _handoffs(
         transient = frozenset(
             node.name
             for node, value in zip(primal_nodes, graph.primals, strict=True)
-            if node.role == ROLE_INPUT and _storage(value) not in user
+            if node.role == ROLE_INPUT and storage_address(value) not in user
         )
-        later = {_storage(t) for g in captured[k + 1 :] for t in g.primals}
+        later = {storage_address(t) for g in captured[k + 1 :] for t in g.primals}
         outputs = _tensor_outputs(graph)
         dropped = [(r, storage) for r, storage in outputs if storage not in user | later]
         only_later = later - user
@@ -239,9 +241,9 @@ def _handoffs(
             for ref, storage in _tensor_outputs(earlier)
         }
         sources = tuple(
-            (node.name, *made[_storage(value)])
+            (node.name, *made[storage_address(value)])
             for node, value in zip(primal_nodes, graph.primals, strict=True)
-            if node.name in transient and _storage(value) in made
+            if node.name in transient and storage_address(value) in made
         )
         # autograd makes these tangents: a later graph's gradient for an output only later
         # graphs read, zeros for one nobody holds, the sum of the user's tangent and a later
@@ -258,7 +260,7 @@ def _handoffs(
             frozenset(
                 node.name
                 for node, value in zip(primal_nodes, graph.primals, strict=True)
-                if node.role == ROLE_PARAM and _storage(value) in later
+                if node.role == ROLE_PARAM and storage_address(value) in later
             ),
             dropped=frozenset(ref for ref, _ in dropped),
             released=tuple(_released(dropped, held_at, k, saved)),
@@ -320,7 +322,7 @@ def _primal_nodes(captured: CapturedGraph) -> list:
 def _tensor_outputs(captured: CapturedGraph) -> list[tuple[ValueRef, int]]:
     """Each tensor output of the graph and the storage of what its forward returned."""
     return [
-        (ref, _storage(value))
+        (ref, storage_address(value))
         for ref, value in zip(captured.graph.model_outputs, captured.outputs, strict=False)
         if ref is not None and isinstance(value, torch.Tensor)
     ]
@@ -341,10 +343,6 @@ def _handed_tangents(captured: CapturedGraph, outputs: set[ValueRef]) -> frozens
         and (k := at.get(getattr(node.meta.get("desc"), "output", None))) is not None
         and model_outputs[k] in outputs
     )
-
-
-def _storage(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ import torch
 
 from explorer.frames import Held
 from explorer.graph import ValueRef
+from explorer.modelstate import storage_address
 from explorer.program import EagerCode
 
 COMPILED = "CompiledFunctionBackward"  # the autograd node of one run of a compiled graph
@@ -51,9 +52,9 @@ def eager_code(
     graph_tensors: dict[int, tuple[int, ValueRef]] = {}  # storage: the first run with it
     for k, values in enumerate(runs):
         for ref, tensor in values:
-            graph_tensors.setdefault(_storage(tensor), (k, ref))
-    state = {_storage(t) for t in known}
-    held = state | {_storage(t) for t in outputs}  # counted for the whole step
+            graph_tensors.setdefault(storage_address(tensor), (k, ref))
+    state = {storage_address(t) for t in known}
+    held = state | {storage_address(t) for t in outputs}  # counted for the whole step
     counted = held | set(graph_tensors)
     kept = set(held)
     saved_from: dict[int, int] = {}  # storage: the run whose forward its save is counted from
@@ -63,7 +64,7 @@ def eager_code(
     placed = [(bisect.bisect(made, _made(node)), node) for node in eager]
     for before, node in placed:  # earliest first: a storage lives from its first save on
         for tensor in _saved_tensors(node):
-            storage = _storage(tensor)
+            storage = storage_address(tensor)
             if before == last:
                 continue
             if storage not in counted:
@@ -81,7 +82,7 @@ def eager_code(
     for before, node in reversed(placed):
         for target, _ in node.next_functions:
             if hasattr(target, "variable"):  # AccumulateGrad: a parameter or an input
-                leaf = _storage(target.variable)
+                leaf = storage_address(target.variable)
                 if leaf not in graded and leaf not in graph_tensors:
                     graded.add(leaf)
                     if before < last:
@@ -106,7 +107,7 @@ def eager_code(
 def saved_by_eager_code(outputs: list[torch.Tensor]) -> set[int]:
     """The storages (addresses) eager code behind `outputs` saved for its backward."""
     _, eager = _autograd_nodes(outputs)
-    return {_storage(t) for node in eager for t in _saved_tensors(node)}
+    return {storage_address(t) for node in eager for t in _saved_tensors(node)}
 
 
 def _waiting(found: list[EagerCode], ran: list[Any], placed: list[tuple[int, Any]]) -> None:
@@ -137,16 +138,16 @@ def _waiting(found: list[EagerCode], ran: list[Any], placed: list[tuple[int, Any
 
 
 def _eager_outputs(
-    found: list[EagerCode], ran: list[int], outputs: list[torch.Tensor], not_eager: set[int]
+    found: list[EagerCode], made: list[int], outputs: list[torch.Tensor], not_eager: set[int]
 ) -> None:
     """The step's outputs that eager code made, and the user's tangents for them."""
     counted = set(not_eager)
     for tensor in outputs:
-        if _storage(tensor) in counted:
+        if storage_address(tensor) in counted:
             continue
-        counted.add(_storage(tensor))
+        counted.add(storage_address(tensor))
         node = tensor.grad_fn
-        before = bisect.bisect(ran, _made(node)) if node is not None else len(found)
+        before = bisect.bisect(made, _made(node)) if node is not None else len(found)
         if before < len(found):
             found[before].outputs += tensor.untyped_storage().nbytes()
         else:
@@ -198,7 +199,3 @@ def _saved_tensors(node: Any) -> list[torch.Tensor]:
 
 def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def _storage(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()

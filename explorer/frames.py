@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import sys
 from types import CodeType, FrameType
-from typing import Any
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from explorer.modelstate import reachable_tensors
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _TORCH_NN = os.path.dirname(nn.__file__) + os.sep
@@ -47,7 +48,7 @@ def held_by_frames(stop: CodeType) -> list[Held]:
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code is not stop:
         if _is_model_code(frame.f_code.co_filename):
-            for tensor in _tensors_within(list(frame.f_locals.values()), DEPTH):
+            for tensor in reachable_tensors(list(frame.f_locals.values()), DEPTH):
                 if tensor.device.type == "meta":
                     continue
                 try:
@@ -63,27 +64,3 @@ def _is_model_code(filename: str) -> bool:
     if filename.startswith(_HERE):
         return False
     return not filename.startswith(_TORCH) or filename.startswith(_TORCH_NN)
-
-
-def _tensors_within(values: list[Any], depth: int) -> list[torch.Tensor]:
-    """Tensors among `values`, and inside their lists, tuples, dicts and plain objects' fields
-    down to `depth` (modules are not opened: their state is the model's)."""
-    found: list[torch.Tensor] = []
-    seen: set[int] = set()
-    stack = [(value, depth) for value in values]
-    while stack:
-        value, left = stack.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif left == 0 or isinstance(value, (nn.Module, type, str, bytes, int, float)):
-            continue
-        elif isinstance(value, dict):
-            stack += [(v, left - 1) for v in value.values()]
-        elif isinstance(value, (list, tuple, set)):
-            stack += [(v, left - 1) for v in value]
-        elif hasattr(value, "__dict__") and not callable(value):
-            stack += [(v, left - 1) for v in vars(value).values()]
-    return found

@@ -18,6 +18,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+# the seed a planned or verified step draws from: verify's step (explorer.verify) and the
+# captured forward (explorer.capture) alike, so that a branch on a random draw (LayerDrop)
+# takes one path in both, whatever the caller's random state
+STEP_SEED = 0
+
 
 @contextmanager
 def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[None]:
@@ -103,16 +108,26 @@ def output_tensors(result: Any) -> list[torch.Tensor]:
     are not outputs."""
     leaves = tree_leaves(result)
     found = [x for x in leaves if isinstance(x, torch.Tensor)]
+    inside = reachable_tensors([x for x in leaves if not isinstance(x, torch.Tensor)])
+    return found + [x for x in inside if x.grad_fn is not None]
+
+
+def reachable_tensors(values: list[Any], depth: int | None = None) -> list[torch.Tensor]:
+    """The tensors among `values` and inside their dicts, lists, tuples and plain objects'
+    fields, depth first in order, each once, opening at most `depth` levels (None: all).
+    Modules, classes and strings are not opened: a module's tensors are the model's."""
+    found: list[torch.Tensor] = []
     seen: set[int] = set()
-    stack = [x for x in reversed(leaves) if not isinstance(x, torch.Tensor)]
+    stack = [(value, depth) for value in reversed(values)]
     while stack:
-        item = stack.pop()
+        item, left = stack.pop()
         if id(item) in seen or isinstance(item, (nn.Module, type, str, bytes)):
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
-            if item.grad_fn is not None:
-                found.append(item)
+            found.append(item)
+            continue
+        if left == 0:
             continue
         if isinstance(item, dict):
             inner = list(item.values())
@@ -120,8 +135,15 @@ def output_tensors(result: Any) -> list[torch.Tensor]:
             inner = list(item)
         else:
             inner = list(getattr(item, "__dict__", {}).values())
-        stack.extend(reversed(inner))
+        below = None if left is None else left - 1
+        stack.extend((value, below) for value in reversed(inner))
     return found
+
+
+def storage_address(tensor: torch.Tensor) -> int:
+    """The address of the storage behind `tensor`: the same for its views, and unique among
+    the storages alive at one time."""
+    return tensor.untyped_storage().data_ptr()
 
 
 def device_of(model: nn.Module, inputs: Any) -> torch.device:

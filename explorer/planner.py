@@ -153,9 +153,8 @@ class Planner:
         name: str | None = None,
     ) -> StepSolver:
         """The prepared solvers (one per graph, however many times the step runs it), cached
-        per name and time limit. `name` picks
-        one of explorer.solvers.registry ("chain", "exact", "table") and makes it the one
-        that sweep() and solve() use from then on."""
+        per name and time limit. `name` picks one of explorer.solvers.registry ("chain",
+        "exact", "table") and makes it the one that sweep() and solve() use from then on."""
         self.solver_name = name or self.solver_name
         key = (self.solver_name, time_limit)
         self._last_key = key
