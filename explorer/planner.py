@@ -309,8 +309,9 @@ class Planner:
 
         if device is not None and torch.device(device) != self.device:
             raise UserError("verify on another device: export and run `remat-explorer verify`")
-        if path is None:
-            path = Path(tempfile.mkdtemp(prefix="remat_")) / "schedule.py"
+        if path is None:  # a temporary folder of its own, removed once verified
+            with tempfile.TemporaryDirectory(prefix="remat_verify_") as folder:
+                return self.verify_schedule(schedule, path=Path(folder) / "schedule.py")
         written = self.export(schedule, path)  # replaces a schedule file, never another file
         return verify(
             written,

@@ -146,7 +146,7 @@ class Schedule(_Predicted):
         return self._planner().export(self, path, **options)
 
     def verify(self, device: str | None = None, path=None):
-        """Export to a temporary file (or `path`) and check it against the unmodified model."""
+        """Export to `path` (or a temporary file, removed after) and check it against the model."""
         return self._planner().verify_schedule(self, device=device, path=path)
 
     def _planner(self):

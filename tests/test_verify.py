@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 from helpers import planner
@@ -157,6 +159,15 @@ def test_verify_to_a_path_never_replaces_another_file(tmp_path):
         plan.baseline().verify(path=notes)
     assert notes.read_text() == "# my own code\n"
     assert plan.baseline().verify(path=tmp_path / "fresh.py").ok
+
+
+def test_verify_without_a_path_leaves_no_file_behind(tmp_path, monkeypatch):
+    # catches: Schedule.verify() exporting into a fresh temporary folder it never removed
+    # (912 such folders in this machine's /tmp after a day of tests)
+    plan = planner("sample:tiny_mlp", 4, None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert plan.baseline().verify().ok
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_loaded_front_says_how_to_export_its_schedules(tmp_path):
