@@ -143,7 +143,7 @@ class RematBackend:
         self._planned: int | None = None  # the graph just planned, until its forward compiles
         self._compile = aot_autograd(
             fw_compiler=self._compile_forward,
-            bw_compiler=_boxed,
+            bw_compiler=self._compile_backward,
             partition_fn=self._partition,
             keep_inference_input_mutations=True,
         )
@@ -165,6 +165,9 @@ class RematBackend:
 
         counted._boxed_call = True  # type: ignore[attr-defined]
         return counted
+
+    def _compile_backward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
+        return _boxed(gm, example_inputs)
 
     def runs_beyond_plan(self) -> tuple[int, int] | None:
         """A planned graph's forward runs since `runs` was cleared, and the runs the plan

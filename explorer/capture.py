@@ -32,6 +32,7 @@ from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
 from explorer.eager import eager_code, saved_by_eager_code
+from explorer.eagerpeaks import BACKWARD, END, FORWARD, START
 from explorer.errors import UserError, first_line
 from explorer.frames import Held, held_by_frames
 from explorer.fxgraph import BATCH_NORM, is_tangent
@@ -80,6 +81,11 @@ class CapturedGraph:
     # the compiled step that captured it (every graph of the step, without recomputation):
     # what the profile times as the runtime's own step (explorer.stepcost), compiled once
     runtime: Callable[..., Any] | None = field(default=None, repr=False)
+    # sets (or clears, with None) what that step calls at each graph run's forward and
+    # backward start and end (explorer.eagerpeaks)
+    set_marker: Callable[[Callable[[str, str], None] | None], None] | None = field(
+        default=None, repr=False
+    )
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The graph's parameters, buffers and constants (not activations or user inputs)."""
@@ -99,6 +105,9 @@ class _Recorder(RematBackend):
         self.passes: list[CapturedGraph] = []  # one per forward run, in the order they ran
         self._first_pass: dict[int, int] = {}  # compiled graph number -> its first pass
         self.done = False  # the capture is over: later runs (timing) record nothing
+        # called with (forward|backward, start|end) around every run of a planned graph once
+        # the capture is over (explorer.eagerpeaks)
+        self.marker: Callable[[str, str], None] | None = None
 
     def _compile_forward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
         """The forward, recording each run's inputs and outputs (for `_handoffs`)."""
@@ -110,7 +119,7 @@ class _Recorder(RematBackend):
 
         def recording(args: list) -> Any:
             if self.done:
-                return run(args)
+                return self._marked(FORWARD, run, args)
             primals = list(args)  # the boxed call clears `args`
             frames = held_by_frames(capture.__code__)
             result = run(args)
@@ -130,6 +139,27 @@ class _Recorder(RematBackend):
 
         recording._boxed_call = True  # type: ignore[attr-defined]
         return recording
+
+    def set_marker(self, marker: Callable[[str, str], None] | None) -> None:
+        self.marker = marker
+
+    def _compile_backward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
+        run = super()._compile_backward(gm, example_inputs)
+
+        def marking(args: list) -> Any:
+            return self._marked(BACKWARD, run, args)
+
+        marking._boxed_call = True  # type: ignore[attr-defined]
+        return marking
+
+    def _marked(self, kind: str, run: Callable[[list], Any], args: list) -> Any:
+        marker = self.marker
+        if marker is None:
+            return run(args)
+        marker(kind, START)
+        result = run(args)
+        marker(kind, END)
+        return result
 
     def _schedule_for(
         self, joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int
@@ -179,7 +209,7 @@ def capture(
     _attach_eager_code(captured, outputs, known)
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed
-        graph.runtime = call
+        graph.runtime, graph.set_marker = call, recorder.set_marker
     return captured
 
 
@@ -218,8 +248,6 @@ def _handoffs(
     """With several graphs: which inputs of a graph were made during the step (by an earlier
     graph, or by eager code: neither the user's nor the model's, `known`), and which outputs
     of a graph other than the last only later graphs read."""
-    if len(captured) < 2:
-        return
     user = {storage_address(t) for t in known} | {storage_address(t) for t in results}
     saved = saved_by_eager_code(results)
     held_at = [{held.address for held in graph.frames} for graph in captured]

@@ -13,6 +13,7 @@ Widgets and the command line call exactly these methods; nothing here prints.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import nn
 
 from explorer.backend import parameter_signature
 from explorer.capture import CapturedGraph, capture
+from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
 from explorer.errors import UserError
 from explorer.export import write_module
 from explorer.graph import Graph
@@ -129,6 +131,19 @@ class Planner:
                 runtime=self._captured[0].runtime,
                 cancel=cancel,
             )
+            report(progress, total, total, "measuring what code outside the graphs holds")
+            first_run = self._captured[0]
+            assert first_run.runtime is not None and first_run.set_marker is not None
+            peaks = measure_eager_peaks(
+                self.model,
+                self.example_inputs,
+                self.example_kwargs,
+                first_run.runtime,
+                first_run.set_marker,
+                len(runs),
+                autocast=self.autocast,
+            )
+            profiles = [replace(p, eager=e) for p, e in zip(profiles, peaks, strict=True)]
             first = profiles[0]
             self._profile = StepProfile(profiles, first.device, first.device_name, step_times=times)
         return self._profile
@@ -163,11 +178,14 @@ class Planner:
             graphs = self.capture()
             assert self._captured is not None
             firsts = [k for k, c in enumerate(self._captured) if c.same_graph_as is None]
+            # a step of one graph is that graph's simulation, eager moments and all; a graph
+            # of several plans its own operators, and the step's timeline adds each run's
+            single = len(graphs) == 1
             solvers = [
                 make_solver(
                     self.solver_name,
                     graphs[k],
-                    profile.graphs[k],
+                    profile.graphs[k] if single else replace(profile.graphs[k], eager=EagerPeaks()),
                     time_limit=time_limit,
                     max_stages=self.max_stages,
                     progress=progress,
@@ -183,6 +201,7 @@ class Planner:
                 [p.workspace for p in profile.graphs],
                 [c.handoff for c in self._captured],
                 runtime_factor=profile.runtime_factor,
+                moments=[p.eager for p in profile.graphs],
                 solver_of=[
                     firsts.index(k if c.same_graph_as is None else c.same_graph_as)
                     for k, c in enumerate(self._captured)
@@ -208,15 +227,13 @@ class Planner:
         inputs, each storage once: all the model holds, whether the step reads it or not
         (transformers' Llama keeps its rotary embedding's `original_inv_freq` beside the
         `inv_freq` its step reads; a head left unused is more). Verify measures them all.
-        With one graph, also its inputs that eager code made (Faster R-CNN's resized batch):
-        held through the step (several graphs count them as handed over)."""
+        A graph's input that eager code made is not among them: it is handed over
+        (explorer.capture, `Handoff.transient_inputs`)."""
         self.capture()
         assert self._captured is not None
         static = [*self.tensors, *held_state(self.model)]
         for captured in self._captured:
             static += captured.state_tensors()
-        if len(self._captured) == 1:  # its inputs made by eager code too: held all along
-            static += self._captured[0].primals
         return tensor_bytes(static)
 
     def sweep(

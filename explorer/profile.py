@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from explorer.capture import CapturedGraph
+from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import UserError
 from explorer.execute import op_table, store
 from explorer.fxgraph import is_tangent
@@ -43,6 +44,9 @@ class Profile:
     seconds: dict[str, float]
     workspace: dict[str, int] = field(default_factory=dict)
     graph: Graph | None = None
+    # what code outside the graphs holds for a moment around this run (a profile lists a
+    # graph once per run of it in the step; explorer.eagerpeaks)
+    eager: EagerPeaks = field(default_factory=EagerPeaks)
 
     def time_of(self, node: str) -> float:
         return self.seconds.get(node, 0.0)
@@ -53,6 +57,7 @@ class Profile:
             "seconds": self.seconds,
             "workspace": self.workspace,
             "graph": self.graph.to_dict() if self.graph is not None else None,
+            "eager": self.eager.to_dict(),
         }
 
     @classmethod
@@ -64,6 +69,7 @@ class Profile:
             seconds={str(k): float(v) for k, v in data["seconds"].items()},
             workspace={str(k): int(v) for k, v in data.get("workspace", {}).items()},
             graph=Graph.from_dict(data["graph"]) if data.get("graph") else None,
+            eager=EagerPeaks.from_dict(data.get("eager")),
         )
 
 

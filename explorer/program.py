@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
+from explorer.chain import storage_owners
 from explorer.graph import (
     BACKWARD,
     EFFECT,
@@ -276,8 +277,13 @@ def compile_program(
     }
     handed_kept = sorted(handed) if handoff.handed_tangents_kept else []
     held_tangents = (set(tangents) - handed) | set(handed_kept)
-    # what eager code keeps past this backward, and this backward reads: alive to its end
-    eager_kept = sorted({table[r] for r in handoff.kept_by_eager} & read_later)
+    # what eager code keeps past this backward, and this backward reads (through any view of
+    # its storage): alive to its end
+    owner = storage_owners(graph)
+    kept_storages = {owner.get(r, r) for r in handoff.kept_by_eager}
+    eager_kept = sorted(
+        {s for r, s in table.items() if owner.get(r, r) in kept_storages} & read_later
+    )
     keep_bwd = set(static) | kept_outputs | held_tangents | {g for g in grads if g is not None}
     keep_bwd |= set(eager_kept)
     unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents) | set(bw_transient))

@@ -6,15 +6,22 @@ outputs stay alive through the backward (the user's loss holds them); tangents (
 of the outputs) are alive for the whole backward (autograd holds them while our backward runs).
 The timeline has one entry per operator: the bytes alive just after it ran, before its dead
 inputs are cleared, which is when an operator's memory peaks, plus the scratch memory it used
-while running when a (CUDA) profile measured one.
+while running when a (CUDA) profile measured one. Where the profile measured code outside the
+graph holding more for a moment (explorer.eagerpeaks), an entry labelled `eager: ...` adds
+that to what the graph holds when the stretch begins: before the forward, after it, after the
+backward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from explorer.eagerpeaks import EagerPeaks
 from explorer.graph import PLACEHOLDER, ROLE_TANGENT, Graph
 from explorer.program import Instr, StepProgram, outputs_of
+
+EAGER = "eager: "  # the label prefix of a point of code outside the graph
+BEFORE_FORWARD = EAGER + "before the forward"
 
 
 @dataclass
@@ -109,14 +116,17 @@ def simulate(
     program: StepProgram,
     workspace: dict[str, int] | None = None,
     held_elsewhere: frozenset[str] = frozenset(),
+    eager: EagerPeaks | None = None,
 ) -> Timeline:
     """Memory timeline of one graph's step under `program` (see explorer.step for a step made
     of several graphs).
 
     `workspace` (from a CUDA profile) adds each operator's scratch memory while it runs.
     `held_elsewhere`: transient inputs that an earlier graph (their maker, or another reader)
-    counts while this graph needs them (explorer.step): zero bytes here."""
+    counts while this graph needs them (explorer.step): zero bytes here. `eager`: what code
+    outside the graph holds for a moment around it (module docstring)."""
     workspace = workspace or {}
+    eager = eager or EagerPeaks()
     mem = _Storages()
     transient: list[tuple[int, int]] = []
     for node in graph.nodes:
@@ -128,9 +138,11 @@ def simulate(
             else:
                 mem.bind(slot, node.outputs[0].nbytes, None)
     timeline = Timeline([], [], [], mem.live)
+    _eager_point(timeline, mem.live, eager.before, BEFORE_FORWARD, "forward")
     for slot, nbytes in transient:  # alive, but made by an earlier graph: not static
         mem.bind(slot, nbytes, None)
     _run(graph, program.forward, mem, timeline, "forward", workspace)
+    _eager_point(timeline, mem.live, eager.after_forward, EAGER + "after the forward", "forward")
     storages = {slot: mem.storage_of_slot.get(slot) for slot in program.passed_on_slots}
     for slot in program.passed_on_slots:
         mem.clear(slot)
@@ -150,6 +162,7 @@ def simulate(
     for slot in program.unread_saved:
         mem.clear(slot)
     _run(graph, program.backward, mem, timeline, "backward", workspace)
+    _eager_point(timeline, mem.live, eager.after_backward, EAGER + "after the backward", "backward")
     for slot in program.kept_to_end_slots:  # the user never held them
         if slot not in program.grad_slots:  # (unless returned as a gradient as they are)
             mem.clear(slot)
@@ -163,3 +176,11 @@ def simulate(
         timeline.labels.append("autograd: gradient layout copy")
         timeline.phase.append("backward")
     return timeline
+
+
+def _eager_point(timeline: Timeline, live: int, above: int, label: str, phase: str) -> None:
+    """A moment of code outside the graph: `above` bytes over the `live` ones (if any)."""
+    if above:
+        timeline.steps.append(live + above)
+        timeline.labels.append(label)
+        timeline.phase.append(phase)

@@ -17,7 +17,9 @@ and that graph's gradient, the user's own tangent alive beside it. An output nob
 frames hold until the forward returns. A later graph's gradient for a handed-over tensor waits,
 held by autograd, for the maker's backward (a graph in between adds its own into it). What the
 model's eager code between the graphs holds (`EagerCode`, explorer.eager) is counted where it
-lives. The parameters, buffers and the user's inputs are counted once for the whole step
+lives, and the moments when code outside the graphs holds more, measured when profiling
+(explorer.eagerpeaks), are points on top of what the graphs hold as each begins. The
+parameters, buffers and the user's inputs are counted once for the whole step
 (`static_bytes`), however many graphs read them, and so is model state that no graph reads
 (it is memory all the same). With one graph all of this reduces to that graph's own
 simulation plus that unread state and what eager code holds around it. Measured after every
@@ -40,11 +42,13 @@ import heapq
 import time
 from dataclasses import dataclass
 
+from explorer.chain import storage_owners
+from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import BelowMinimum
 from explorer.graph import ROLE_TANGENT, Graph, ValueRef
 from explorer.program import EagerCode, Handoff, StepProgram, compile_program
 from explorer.schedule import GraphSchedule, Schedule
-from explorer.simulate import Timeline, simulate
+from explorer.simulate import BEFORE_FORWARD, Timeline, simulate
 from explorer.units import below_minimum
 
 BISECTIONS = 16  # shares tried when several graphs split a budget
@@ -77,11 +81,14 @@ def step_timeline(
     static_bytes: int,
     workspace: list[dict[str, int]] | None = None,
     handoffs: list[Handoff] | None = None,
+    moments: list[EagerPeaks] | None = None,
 ) -> Timeline:
-    """Bytes alive after each operator of the whole step (see the module docstring)."""
+    """Bytes alive after each operator of the whole step (see the module docstring), and at
+    the highest moments of code outside the graphs (`moments`, per run: explorer.eagerpeaks)."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
-    lines, programs = _graph_timelines(graphs, schedules, workspace, handoffs)
+    moments = moments or [EagerPeaks()] * len(graphs)
+    lines, programs = _graph_timelines(graphs, schedules, workspace, handoffs, moments)
     eager = [h.eager for h in handoffs]
     if len(lines) == 1 and lines[0].static_bytes == static_bytes and eager[0] == EagerCode():
         return lines[0]
@@ -91,7 +98,12 @@ def step_timeline(
     for k, line in enumerate(lines):
         held += eager[k].saved + eager[k].outputs
         held -= sum(earlier.released.get(k, 0) for earlier in lines[:k])  # frames let go
-        _append(out, line, k, range(line.forward_end), static_bytes + held + eager[k].locals)
+        first = 0
+        if line.labels[:1] == [BEFORE_FORWARD]:  # measured from the step's start: held nothing
+            _append(out, line, k, range(1), static_bytes)
+            first = 1
+        span = range(first, line.forward_end)
+        _append(out, line, k, span, static_bytes + held + eager[k].locals)
         held += line.held_bytes
     out.held_bytes = held
     # a later graph's outputs the user holds, and their tangents, stay alive through the
@@ -106,7 +118,7 @@ def step_timeline(
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
-        around += backward_all + _kept_by_eager(k, eager, programs)
+        around += backward_all + _kept_by_eager(k, eager, programs, graphs)
         around += _own_user_tangent_bytes(graphs[k], handoffs[k])
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around)
@@ -119,6 +131,7 @@ def _graph_timelines(
     schedules: list[GraphSchedule],
     workspace: list[dict[str, int]],
     handoffs: list[Handoff],
+    moments: list[EagerPeaks],
 ) -> tuple[list[Timeline], list[StepProgram]]:
     """Each graph's own simulation, a handed-over tensor counted by one graph only, and each
     graph's program."""
@@ -144,7 +157,7 @@ def _graph_timelines(
             read.add((j, ref))
             if program.slot_of[(name, 0)] in saves:
                 saved.add((j, ref))
-        lines.append(simulate(graph, program, workspace[k], held))
+        lines.append(simulate(graph, program, workspace[k], held, moments[k]))
     return lines, programs
 
 
@@ -155,16 +168,20 @@ def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> No
         out.phase.append(line.phase[i])
 
 
-def _kept_by_eager(run: int, eager: list[EagerCode], programs: list[StepProgram]) -> int:
+def _kept_by_eager(
+    run: int, eager: list[EagerCode], programs: list[StepProgram], graphs: list[Graph]
+) -> int:
     """Bytes of the graphs' own tensors that eager code before `run` or an earlier run saves
     (EagerCode.kept), alive through `run`'s backward: from the forward's return to that
     code's backward, less while the run that first has one keeps it for its own backward (it
-    is counted there)."""
+    is counted there), whichever view of it that backward reads (a graph saves the detached
+    alias of its output)."""
     total = 0
     for code in eager[: run + 1]:
         for first, ref, nbytes in code.kept:
-            program = programs[first]
-            read = any(program.slot_of[ref] in instr.in_slots for instr in program.backward)
+            program, owner = programs[first], storage_owners(graphs[first])
+            views = {slot for r, slot in program.slot_of.items() if owner.get(r, r) == ref}
+            read = any(views & set(instr.in_slots) for instr in program.backward)
             if not read or run < first:
                 total += nbytes
     return total
@@ -238,6 +255,7 @@ class StepSolver:
         *,
         runtime_factor: float = 1.0,
         solver_of: list[int] | None = None,
+        moments: list[EagerPeaks] | None = None,
     ) -> None:
         self.graphs = graphs
         self.solver_of = solver_of or list(range(len(graphs)))
@@ -248,6 +266,7 @@ class StepSolver:
         self.static_bytes = static_bytes
         self.workspace = workspace
         self.handoffs = handoffs
+        self.moments = moments  # per run (explorer.eagerpeaks)
         self.fingerprint = "+".join(g.fingerprint() for g in graphs)
         handed = handoffs or [Handoff()] * len(graphs)
         # one graph: what the step holds beyond what that graph's own simulation counts
@@ -311,7 +330,7 @@ class StepSolver:
     def timeline(self, schedules: list[GraphSchedule]) -> Timeline:
         """Bytes alive after each operator of the step, one schedule per graph."""
         return step_timeline(
-            self.graphs, schedules, self.static_bytes, self.workspace, self.handoffs
+            self.graphs, schedules, self.static_bytes, self.workspace, self.handoffs, self.moments
         )
 
     def minimum(self) -> Schedule:
@@ -348,10 +367,18 @@ class StepSolver:
         return self.solve(budget_bytes) if self.single else None
 
     def _solve_one(self, budget_bytes: int) -> GraphSchedule:
-        """The single graph's answer within a step budget, refused in the step's bytes."""
+        """The single graph's answer within a step budget, refused in the step's bytes. The
+        solver plans in its graph's bytes with everything beyond them counted at every
+        operator (the safe side); the step's own timeline counts what eager code holds in
+        the backward only there, so its least peak can be under the solver's plus that, when
+        it lies in the forward: the solver's lowest schedule then answers the budgets
+        between (a sweep starts from that least peak)."""
         try:
             return self.solvers[0].solve(budget_bytes - self.beyond_graph_bytes)
         except BelowMinimum:
+            lowest = self.solvers[0].lowest()
+            if self.combine([lowest]).predicted_peak_bytes <= budget_bytes:
+                return lowest
             raise self._below_minimum(budget_bytes, self.lowest_known()) from None
 
     def _below_minimum(self, budget_bytes: int, lowest: int) -> BelowMinimum:

@@ -19,6 +19,7 @@ from explorer.models import build
 from explorer.program import operator_of
 from explorer.rngreplay import REPLAYS
 from explorer.schedule import Schedule
+from explorer.simulate import EAGER
 from explorer.verify import VerifyReport, training_step
 
 REPLAYED = {str(mask): str(replay) for mask, replay in REPLAYS.items()}
@@ -87,7 +88,8 @@ def live_bytes_by_operator(
     graphs = plan.capture()
     predicted = []
     for label, live, phase in zip(line.labels, line.steps, line.phase, strict=True):
-        if "autograd:" not in label:  # not a graph's operator: a copy autograd makes
+        # not a graph's operator: a copy autograd makes, a moment of code outside the graphs
+        if "autograd:" not in label and EAGER not in label:
             where, _, name = label.rpartition(":")
             graph = graphs[int(where[1:]) - 1 if where else 0]
             target = operator_of(graph, name)

@@ -52,10 +52,14 @@ class StepFacts:
     backward_at: list[int]  # per backward operator: fixed bytes while it runs
     end_bytes: int  # after the last operator, with autograd's gradient layout copy
     workspace: dict[str, int]
+    # when the forward has returned: the bytes beside the saved storages (parameters, inputs,
+    # outputs) and what code after the graph adds for a moment (explorer.eagerpeaks); None
+    # when that adds nothing (the forward's last operator's row covers the moment)
+    after_forward: int | None = None
 
 
 def step_facts(
-    graph: Graph, order: list[str], workspace: dict[str, int] | None = None
+    graph: Graph, order: list[str], workspace: dict[str, int] | None = None, after_forward: int = 0
 ) -> StepFacts:
     """Split the step's memory into fixed parts and forward storages (see module docstring)."""
     workspace = workspace or {}
@@ -105,6 +109,7 @@ def step_facts(
         backward_at=at,
         end_bytes=end,
         workspace=workspace,
+        after_forward=static + outputs_bytes + after_forward if after_forward else None,
     )
 
 

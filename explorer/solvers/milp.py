@@ -326,6 +326,12 @@ class StepMilp:
             for s in f.storages.values()
             if not s.held and s.nbytes and self.n and (0, s.root) in self.avail
         ]
+        if f.after_forward is not None:  # the forward has returned: saved storages only
+            self.prob += (
+                pulp.lpSum(s.nbytes * self.scale * self.avail[(0, s.root)] for s in saved)
+                + f.after_forward * self.scale
+                <= self.peak
+            )
         best_after = -1
         for p in reversed(range(len(f.forward))):
             const = f.forward_const[p]
@@ -879,5 +885,7 @@ def _is_one(x: pulp.LpVariable) -> bool:
 
 def _byte_scale(facts: StepFacts) -> float:
     """A power of two that brings the largest byte count near 2**12 (exact in floating point)."""
-    largest = max([facts.end_bytes, *facts.forward_const, *facts.backward_at, 1])
+    largest = max(
+        [facts.end_bytes, *facts.forward_const, *facts.backward_at, facts.after_forward or 0, 1]
+    )
     return 2.0 ** -(max(0, largest.bit_length() - 12))
