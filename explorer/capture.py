@@ -245,9 +245,10 @@ def _first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
 def _handoffs(
     captured: list[CapturedGraph], known: list[torch.Tensor], results: list[torch.Tensor]
 ) -> None:
-    """With several graphs: which inputs of a graph were made during the step (by an earlier
-    graph, or by eager code: neither the user's nor the model's, `known`), and which outputs
-    of a graph other than the last only later graphs read."""
+    """Which inputs of each graph were made during the step (by an earlier graph, or by eager
+    code: neither the user's nor the model's, `known`), which outputs only later graphs read,
+    and which nobody holds (read by eager code only); a single graph's too (its input made by
+    eager code, its output that an eagerly computed loss reads)."""
     user = {storage_address(t) for t in known} | {storage_address(t) for t in results}
     saved = saved_by_eager_code(results)
     held_at = [{held.address for held in graph.frames} for graph in captured]

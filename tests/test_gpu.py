@@ -86,3 +86,20 @@ def test_dropouts_drawn_once_run_fused_on_cuda_bitwise_and_to_the_byte(tmp_path)
     planner = explorer.Planner(built.model, built.example_inputs, spec=built.spec)
     path = planner.baseline().export(tmp_path / "gpt_fused.py")
     _bitwise_and_to_the_byte(planner, path)
+
+
+def test_a_moment_of_eager_code_is_measured_on_the_gpu():
+    """The allocator's requested bytes between the marks (explorer.eagerpeaks) on CUDA: an
+    eagerly computed loss after the graph is the step's peak, predicted to the byte."""
+    from test_eagerpeaks import _EagerTail
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 64, device="cuda")
+    planner = explorer.Planner(_EagerTail().cuda(), (x,))
+    (run,) = planner.profile().graphs
+    assert run.eager.after_forward >= 2 * 32 * 64 * 64 * 4
+    for point in planner.sweep(points=3).points:
+        report = point.schedule.verify()
+        assert report.ok, report.format_table()
+        peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+        assert peak.measured == peak.predicted, report.format_table()
