@@ -177,10 +177,15 @@ def _kept_by_eager(
     is counted there), whichever view of it that backward reads (a graph saves the detached
     alias of its output)."""
     total = 0
+    owners: dict[int, dict[ValueRef, ValueRef]] = {}
     for code in eager[: run + 1]:
         for first, ref, nbytes in code.kept:
-            program, owner = programs[first], storage_owners(graphs[first])
-            views = {slot for r, slot in program.slot_of.items() if owner.get(r, r) == ref}
+            program = programs[first]
+            if first not in owners:
+                owners[first] = storage_owners(graphs[first])
+            owner = owners[first]
+            root = owner.get(ref, ref)
+            views = {slot for r, slot in program.slot_of.items() if owner.get(r, r) == root}
             read = any(views & set(instr.in_slots) for instr in program.backward)
             if not read or run < first:
                 total += nbytes
