@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from explorer.errors import Cancelled, UserError, first_line, message_line  # noqa: E402
-from explorer.units import format_bytes  # noqa: E402
+from explorer.units import format_bytes, format_seconds  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
@@ -159,7 +159,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     runs = f" ({len(profile.graphs)} runs)" if len(profile.graphs) > len(graphs) else ""
     print(
         f"profiled {operators} operators in {len(graphs)} graph(s){runs} on "
-        f"{profile.device_name}: {profile.total_seconds:.3f} s per step; "
+        f"{profile.device_name}: {format_seconds(profile.total_seconds)} per step; "
         f"wrote {out / 'profile.json'}"
     )
     return 0

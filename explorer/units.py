@@ -108,3 +108,11 @@ def format_bytes(n: int | float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def format_seconds(seconds: float) -> str:
+    """Three significant digits, in ms under a second: 0.000214 -> '0.214 ms' (a small
+    model's step read '0.000 s')."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s" if seconds < 1000 else f"{seconds:.0f} s"
+    return f"{seconds * 1000:.3g} ms"

@@ -19,7 +19,7 @@ import pytest
 from explorer import sweep
 from explorer.cli import main
 from explorer.errors import UserError
-from explorer.units import least_fraction, parse_budget
+from explorer.units import format_seconds, least_fraction, parse_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -334,6 +334,20 @@ def test_a_factory_with_its_own_inputs_needs_no_batch_size(capsys, monkeypatch, 
     args = ["profile", *spec, "--batch-size", "8", "--out", str(again)]
     assert_refused(capsys, args, "batch 3, not --batch-size 8")
     assert not again.exists()
+
+
+def test_a_small_step_is_timed_in_milliseconds(capsys, tmp_path):
+    # catches: "0.000 s per step" for a step of a fraction of a millisecond
+    assert [format_seconds(s) for s in (0.000214, 0.0123, 1.2345, 2500.4)] == [
+        "0.214 ms",
+        "12.3 ms",
+        "1.23 s",
+        "2500 s",
+    ]
+    args = ["profile", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert " ms per step" in printed and "0.000 s" not in printed, printed
 
 
 def test_a_model_whose_input_is_made_here_needs_a_batch_size(capsys, tmp_path):
