@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from explorer.modelstate import reachable_tensors
+from explorer.modelstate import reachable_tensors, storage_address
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _TORCH_NN = os.path.dirname(nn.__file__) + os.sep
@@ -33,7 +33,7 @@ class Held:
 
     def __init__(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
-        self.address = storage.data_ptr()
+        self.address = storage_address(tensor)
         self.nbytes = storage.nbytes()
         self._alive = StorageWeakRef(storage)
 

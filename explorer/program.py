@@ -173,6 +173,18 @@ class StepProgram:
     frame_released: dict[int, int] = field(default_factory=dict)  # Handoff.released, slots
 
 
+def storage_slots(
+    graph: Graph, slot_of: dict[ValueRef, int], values: Collection[ValueRef]
+) -> set[int]:
+    """The slots of every value that shares a storage with one of `values` (a value and its
+    views: a graph saves the detached alias of its output, a backward reads a transpose)."""
+    if not values:  # most graphs: no storage walk on every compile
+        return set()
+    owner = storage_owners(graph)
+    roots = {owner.get(r, r) for r in values}
+    return {slot for r, slot in slot_of.items() if owner.get(r, r) in roots}
+
+
 def _slot_table(graph: Graph) -> dict[ValueRef, int]:
     table: dict[ValueRef, int] = {}
     for node in graph.nodes:
@@ -279,11 +291,7 @@ def compile_program(
     held_tangents = (set(tangents) - handed) | set(handed_kept)
     # what eager code keeps past this backward, and this backward reads (through any view of
     # its storage): alive to its end
-    owner = storage_owners(graph)
-    kept_storages = {owner.get(r, r) for r in handoff.kept_by_eager}
-    eager_kept = sorted(
-        {s for r, s in table.items() if owner.get(r, r) in kept_storages} & read_later
-    )
+    eager_kept = sorted(storage_slots(graph, table, handoff.kept_by_eager) & read_later)
     keep_bwd = set(static) | kept_outputs | held_tangents | {g for g in grads if g is not None}
     keep_bwd |= set(eager_kept)
     unread = _assign_frees(backward, keep_bwd, set(saved) | set(tangents) | set(bw_transient))

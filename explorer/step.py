@@ -42,11 +42,10 @@ import heapq
 import time
 from dataclasses import dataclass
 
-from explorer.chain import storage_owners
 from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import BelowMinimum
 from explorer.graph import ROLE_TANGENT, Graph, ValueRef
-from explorer.program import EagerCode, Handoff, StepProgram, compile_program
+from explorer.program import EagerCode, Handoff, StepProgram, compile_program, storage_slots
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import BEFORE_FORWARD, Timeline, simulate
 from explorer.units import below_minimum
@@ -177,15 +176,10 @@ def _kept_by_eager(
     is counted there), whichever view of it that backward reads (a graph saves the detached
     alias of its output)."""
     total = 0
-    owners: dict[int, dict[ValueRef, ValueRef]] = {}
     for code in eager[: run + 1]:
         for first, ref, nbytes in code.kept:
             program = programs[first]
-            if first not in owners:
-                owners[first] = storage_owners(graphs[first])
-            owner = owners[first]
-            root = owner.get(ref, ref)
-            views = {slot for r, slot in program.slot_of.items() if owner.get(r, r) == root}
+            views = storage_slots(graphs[first], program.slot_of, [ref])
             read = any(views & set(instr.in_slots) for instr in program.backward)
             if not read or run < first:
                 total += nbytes
