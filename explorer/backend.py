@@ -56,6 +56,7 @@ import torch
 from torch import fx, nn
 from torch._dynamo.backends.common import aot_autograd
 
+from explorer.errors import RematWarning
 from explorer.fxgraph import describe
 from explorer.graph import FORWARD, Graph, ValueRef
 from explorer.partition import partition
@@ -74,10 +75,6 @@ EXACT, RESIZED, MAPPED = "exact", "same structure, other sizes", "carried over"
 
 class RematError(RuntimeError):
     """A schedule that cannot be used with this model: the message says why and what to do."""
-
-
-class RematWarning(UserWarning):
-    """A plan was carried over to a graph it was not made for and may exceed its budget."""
 
 
 @dataclass

@@ -36,7 +36,13 @@ import warnings  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from explorer.errors import Cancelled, UserError, first_line, message_line  # noqa: E402
+from explorer.errors import (  # noqa: E402
+    Cancelled,
+    RematWarning,
+    UserError,
+    first_line,
+    message_line,
+)
 from explorer.units import format_bytes, format_seconds  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -426,13 +432,21 @@ class _Interrupts:
                 signal.signal(signal.SIGINT, previous)
 
     def _quiet_once_interrupted(self, show_warning: Callable[..., None]) -> Callable[..., None]:
-        """Warnings pass through until Ctrl+C; after it they are dropped. What torch warns
-        while the interrupt unwinds is noise: anomaly mode, under which AOTAutograd traces a
-        backward, reports the KeyboardInterrupt as an error with the forward's whole stack."""
+        """Warnings pass through until Ctrl+C, the tool's own as one line; after it they are
+        dropped. What torch warns while the interrupt unwinds is noise: anomaly mode, under
+        which AOTAutograd traces a backward, reports the KeyboardInterrupt as an error with
+        the forward's whole stack."""
 
-        def show(*args: object, **kwargs: object) -> None:
-            if not self.seen:
-                show_warning(*args, **kwargs)
+        def show(
+            message: Warning | str, category: type[Warning], *args: object, **kwargs: object
+        ) -> None:
+            if self.seen:
+                return
+            if issubclass(category, RematWarning):  # ours: one line, as errors are
+                text = str(message).removeprefix("remat-explorer: ")
+                print(f"remat-explorer: warning: {text}", file=sys.stderr)
+            else:
+                show_warning(message, category, *args, **kwargs)
 
         return show
 

@@ -9,6 +9,11 @@ class BelowMinimum(UserError):
     """A budget under the least peak known (explorer.units.below_minimum words it)."""
 
 
+class RematWarning(UserWarning):
+    """Something the tool goes on with that may not hold as planned: said once, with what to
+    do (a plan carried over to a graph it was not made for, a profile from an older version)."""
+
+
 class Cancelled(Exception):
     """Long work stopped because its CancelToken was set."""
 

@@ -15,6 +15,7 @@ import json
 import math
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 
 from explorer.capture import CapturedGraph
 from explorer.eagerpeaks import EagerPeaks
-from explorer.errors import UserError
+from explorer.errors import RematWarning, UserError
 from explorer.execute import op_table, store
 from explorer.fxgraph import is_tangent
 from explorer.graph import Graph
@@ -147,6 +148,14 @@ class StepProfile:
             )
         if device is not None and _device_kind(profile.device) != _device_kind(device):
             raise UserError(f"{path}: profile was made on {profile.device}, not {device}")
+        if any("eager" not in g for g in data["graphs"]):
+            warnings.warn(
+                f"remat-explorer: {path} was saved before profiling measured what code "
+                "outside the graphs holds; planned as if it held nothing there: profile again "
+                "to count it",
+                RematWarning,
+                stacklevel=2,
+            )
         return profile
 
 

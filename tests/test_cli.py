@@ -350,6 +350,24 @@ def test_a_small_step_is_timed_in_milliseconds(capsys, tmp_path):
     assert " ms per step" in printed and "0.000 s" not in printed, printed
 
 
+def test_a_profile_from_before_the_moments_is_used_with_a_one_line_warning(tmp_path):
+    # catches: an older profile.json (no "eager" per graph) planned as if code outside the
+    # graphs held nothing, without a word; or the warning printed as Python's two lines
+    args = ["profile", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    path = tmp_path / "profile.json"
+    older = json.loads(path.read_text())
+    for graph in older["graphs"]:
+        del graph["eager"]
+    path.write_text(json.dumps(older))
+    result = cli(*args)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warned) == 1 and warned[0].startswith("remat-explorer: warning: "), result.stderr
+    assert "profile again" in warned[0] and "RematWarning" not in result.stderr
+    assert json.loads(path.read_text()) == older  # reused, not rewritten
+
+
 def test_a_model_whose_input_is_made_here_needs_a_batch_size(capsys, tmp_path):
     # catches: a missing --batch-size reaching the model builder as None (an internal error)
     out = tmp_path / "out"

@@ -3,6 +3,9 @@ profiling, a point of the plan, and the peak verify measures equal to the predic
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
 import torch
 from helpers import live_bytes_by_operator
@@ -10,7 +13,7 @@ from torch import nn
 
 import explorer
 from explorer.eagerpeaks import BACKWARD, END, FORWARD, START, EagerPeaks, peaks_from_readings
-from explorer.errors import UserError
+from explorer.errors import RematWarning, UserError
 from explorer.profile import StepProfile
 from explorer.simulate import EAGER
 from explorer.solvers.registry import make_solver
@@ -164,6 +167,16 @@ def test_a_profile_keeps_each_runs_moments(tmp_path):
     again = StepProfile.load(path)
     assert [p.eager for p in again.graphs] == [p.eager for p in profile.graphs]
     assert any(p.eager != EagerPeaks() for p in again.graphs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)  # a file with its moments: no warning
+        StepProfile.load(path)
+    older = json.loads(path.read_text())  # as saved before the moments were measured
+    for graph in older["graphs"]:
+        del graph["eager"]
+    older_path = tmp_path / "older.json"
+    older_path.write_text(json.dumps(older))
+    with pytest.warns(RematWarning, match="profile again"):
+        assert all(p.eager == EagerPeaks() for p in StepProfile.load(older_path).graphs)
     text = path.read_text().replace('"before": ', '"before": -1', 1)  # 0 becomes -10
     path.write_text(text)
     with pytest.raises(UserError, match="not a valid profile"):
