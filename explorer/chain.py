@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from explorer.graph import BACKWARD, FORWARD, PLACEHOLDER, ROLE_TANGENT, Graph, ValueRef
+from explorer.graph import (
+    BACKWARD,
+    FORWARD,
+    PLACEHOLDER,
+    ROLE_TANGENT,
+    Graph,
+    ValueRef,
+    storage_owners,
+)
 
 
 @dataclass
@@ -51,17 +59,6 @@ class Chain:
         """Bytes of the distinct storages behind `refs`."""
         owners = {self.owner.get(r, r) for r in refs}
         return sum(self.graph.meta(o).nbytes for o in owners)
-
-
-def storage_owners(graph: Graph) -> dict[ValueRef, ValueRef]:
-    """Map every view to the value that owns its storage."""
-    owner: dict[ValueRef, ValueRef] = {}
-    for node in graph.nodes:
-        for i, meta in enumerate(node.outputs):
-            if meta is not None and meta.alias_of is not None:
-                base = node.inputs[meta.alias_of]
-                owner[(node.name, i)] = owner.get(base, base)
-    return owner
 
 
 def _anchors(graph: Graph, pos: dict[str, int], n: int) -> dict[str, int]:

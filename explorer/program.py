@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
-from explorer.chain import storage_owners
 from explorer.graph import (
     BACKWARD,
     EFFECT,
@@ -30,6 +29,7 @@ from explorer.graph import (
     Graph,
     TensorMeta,
     ValueRef,
+    storage_owners,
 )
 from explorer.schedule import GraphSchedule
 

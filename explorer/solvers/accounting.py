@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from explorer.chain import storage_owners
-from explorer.graph import EFFECT, FORWARD, PLACEHOLDER, ROLE_TANGENT, Graph, ValueRef
+from explorer.graph import (
+    EFFECT,
+    FORWARD,
+    PLACEHOLDER,
+    ROLE_TANGENT,
+    Graph,
+    ValueRef,
+    storage_owners,
+)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 from explorer.errors import UserError
 from explorer.files import read_json, write_atomic
 
-FORMAT = 1
+FORMAT = 2  # 2: a step's end counts one gradient layout copy, not all (bounds differ)
 
 
 def digest(data: object) -> str:

@@ -15,8 +15,7 @@ windows into a GraphSchedule whose saved set is what the backward reads before m
 
 from __future__ import annotations
 
-from explorer.chain import storage_owners
-from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph, Node, ValueRef
+from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph, Node, ValueRef, storage_owners
 from explorer.program import read_before_made
 from explorer.schedule import GraphSchedule
 
