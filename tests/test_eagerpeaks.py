@@ -79,21 +79,18 @@ def _peak_row(report):
     return next(r for r in report.rows if r.quantity.startswith("peak memory"))
 
 
-def _exact_peaks(plan: explorer.Planner, x: torch.Tensor, points: int, each_operator: bool) -> int:
-    """Every front point: the measured peak equals the predicted one, and, `each_operator`,
-    so do the live bytes after every graph operator (matched by name in the order they run,
-    which eager code running operators of the same names between two graphs defeats).
-    Returns the number of points."""
+def _exact_peaks(plan: explorer.Planner, x: torch.Tensor, points: int) -> int:
+    """Every front point: the measured peak equals the predicted one, and so do the live
+    bytes after every graph operator. Returns the number of points."""
     front = plan.sweep(points=points)
     for point in front.points:
         report = point.schedule.verify()
         assert report.ok, report.format_table()
         row = _peak_row(report)
         assert row.measured == row.predicted == point.predicted_peak_bytes
-        if each_operator:
-            rows = live_bytes_by_operator(plan, point.schedule, (x,))
-            wrong = [r for r in rows if r[1] != r[2]]
-            assert not wrong, f"(operator, predicted, measured): {wrong[:3]}"
+        rows = live_bytes_by_operator(plan, point.schedule, (x,))
+        wrong = [r for r in rows if r[1] != r[2]]
+        assert not wrong, f"(operator, predicted, measured): {wrong[:3]}"
     return len(front.points)
 
 
@@ -129,7 +126,7 @@ def test_eager_code_after_the_last_graph_is_planned():
     line = plan.timeline(plan.baseline())
     assert line.labels[line.steps.index(line.peak_bytes)].endswith(EAGER + "after the forward")
     # recomputing lowers what the graph keeps when that code runs: the least peak is lower
-    assert _exact_peaks(plan, x, points=3, each_operator=True) >= 2
+    assert _exact_peaks(plan, x, points=3) >= 2
     assert plan.solver().minimum().predicted_peak_bytes < line.peak_bytes
 
 
@@ -155,7 +152,7 @@ def test_moments_around_two_graphs_are_planned(widths, moment):
     assert second.eager.before == 0  # measured from the step's start: the first run's only
     line = plan.timeline(plan.baseline())
     assert line.labels[line.steps.index(line.peak_bytes)].endswith(EAGER + moment)
-    _exact_peaks(plan, x, points=3, each_operator=False)
+    _exact_peaks(plan, x, points=3)
 
 
 def test_a_profile_keeps_each_runs_moments(tmp_path):
@@ -228,4 +225,4 @@ def test_an_input_eager_code_keeps_stays_whichever_view_the_backward_reads():
     torch.manual_seed(0)
     x = torch.randn(32, 64)
     plan = explorer.Planner(_ReadThroughAView(), (x,))
-    _exact_peaks(plan, x, points=3, each_operator=False)
+    _exact_peaks(plan, x, points=3)
