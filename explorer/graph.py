@@ -116,13 +116,22 @@ class Graph:
 
     def grad_copy_bytes(self) -> int:
         """Autograd copies a gradient whose layout differs from its parameter's (a convolution
-        weight's gradient in channels-last order) when it stores it in `.grad`. The backward
-        returns all its gradients together; autograd then stores them one at a time, and a
-        copied one's original is let go once its copy is stored, so at the end of the step the
-        largest such copy is alive for a moment beside them (not all of them: two convolutions
-        on channels-last input measured one copy, 442,368 bytes, above the gradients), but
-        for gradients that are views of one storage."""
-        copied = [r for r in self.input_grads if r is not None and not self.meta(r).contiguous]
+        weight's gradient in channels-last order, the weight contiguous) when it stores it in
+        `.grad`. The backward returns all its gradients together; autograd then stores them
+        one at a time, and a copied one's original is let go once its copy is stored, so at
+        the end of the step the largest such copy is alive for a moment beside them (not all
+        of them: two convolutions on channels-last input measured one copy, 442,368 bytes,
+        above the gradients), but for gradients that are views of one storage.
+
+        Layouts are compared by contiguity alone: a gradient and a parameter both laid out
+        otherwise (a channels-last model's weights) are taken to agree. Profiling measures
+        what autograd holds after the backward (explorer.eagerpeaks), copies included, so a
+        measured profile counts a copy this misses."""
+        copied = [
+            grad
+            for name, grad in zip(self.primal_names(), self.input_grads, strict=False)
+            if grad is not None and self.meta(grad).contiguous != self.meta((name, 0)).contiguous
+        ]
         if not copied:
             return 0
         # gradients that share a storage (views of one result) free it only after the last
