@@ -69,6 +69,7 @@ from explorer.program import (
 from explorer.rewrite import compact_dropout, fuse_kept_dropouts
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import simulate
+from explorer.units import format_bytes
 
 EXACT, RESIZED, MAPPED = "exact", "same structure, other sizes", "carried over"
 
@@ -366,6 +367,7 @@ class RematModule(nn.Module):
         object.__setattr__(self, "backend", backend)
         object.__setattr__(self, "_compiled", compile_call(backend))
         object.__setattr__(self, "_warned_runs", False)
+        object.__setattr__(self, "_warned_grads", bool(self.made_for.get("gradients_held")))
 
     @property
     def plans(self) -> list[GraphPlan]:
@@ -376,6 +378,8 @@ class RematModule(nn.Module):
         if not torch.is_grad_enabled():
             return self.model(*args, **kwargs)
         self.backend.runs.clear()
+        if not self._warned_grads:
+            self._warn_of_held_gradients()
         with dynamo_settings():
             result = self._compiled(self.model, *args, **kwargs)
         beyond = self.backend.runs_beyond_plan()
@@ -391,11 +395,30 @@ class RematModule(nn.Module):
             )
         return result
 
+    def _warn_of_held_gradients(self) -> None:
+        """Once: the step starts with gradients an earlier one left, which a plan made for a
+        step from none (the default) does not count."""
+        held = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not held:
+            return
+        object.__setattr__(self, "_warned_grads", True)
+        nbytes = sum(g.untyped_storage().nbytes() for g in held)
+        warnings.warn(
+            f"remat-explorer: this step starts with the gradients of an earlier one "
+            f"({format_bytes(nbytes)}: gradient accumulation, or zero_grad(set_to_none=False)), "
+            "which the plan does not count: the peak may exceed the budget by that much; "
+            "plan with gradients_held=True (--gradients-held), or set them to None before "
+            "each step (optimizer.zero_grad())",
+            RematWarning,
+            stacklevel=2,
+        )
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("backend", None)
         state.pop("_compiled", None)
         state.pop("_warned_runs", None)
+        state.pop("_warned_grads", None)
         return state
 
     def __setstate__(self, state: dict) -> None:

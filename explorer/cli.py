@@ -126,6 +126,7 @@ def _planner(args: argparse.Namespace):
         built.example_kwargs,
         spec=built.spec,
         autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp),
+        gradients_held=getattr(args, "gradients_held", False),  # sweep's alone
     )
 
 
@@ -318,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["chain", "exact", "table"],
         default="chain",
         help="chain (default), exact (whole-step MILP, small models), table (fastest)",
+    )
+    p.add_argument(
+        "--gradients-held",
+        action="store_true",
+        help="each step starts with the last one's gradients (gradient accumulation): "
+        "count them in every peak",
     )
     p.add_argument("--out", required=True, help="folder for profile.json and front.json")
     p.set_defaults(func=cmd_sweep)

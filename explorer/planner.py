@@ -47,7 +47,10 @@ class Planner:
 
     `args` is a tensor or a tuple of positional inputs, `kwargs` a dict of keyword inputs (as
     `torch.export` takes them); `autocast` a dtype (torch.bfloat16, torch.float16) to plan the
-    step as it runs under `torch.autocast`. A plan made under autocast is its own plan."""
+    step as it runs under `torch.autocast`. A plan made under autocast is its own plan.
+    `gradients_held`: every step starts with the parameters' gradients of the one before
+    (gradient accumulation, or `zero_grad(set_to_none=False)`), which then count in every
+    peak; by default a step starts without them, as after `optimizer.zero_grad()`."""
 
     def __init__(
         self,
@@ -58,6 +61,7 @@ class Planner:
         spec: ModelSpec | None = None,
         autocast: torch.dtype | None = None,
         max_stages: int = 48,
+        gradients_held: bool = False,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise UserError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
@@ -73,6 +77,9 @@ class Planner:
         self.spec = spec
         self.autocast = autocast
         self.max_stages = max_stages
+        # each step starts with the gradients the last one left (gradient accumulation over
+        # micro-batches, or zero_grad(set_to_none=False)): alive throughout, counted so
+        self.gradients_held = gradients_held
         self._captured: list[CapturedGraph] | None = None
         self._profile: StepProfile | None = None
         self.solver_name = DEFAULT_SOLVER
@@ -202,6 +209,7 @@ class Planner:
                 [c.handoff for c in self._captured],
                 runtime_factor=profile.runtime_factor,
                 moments=[p.eager for p in profile.graphs],
+                gradients_held=self.gradients_held,
                 solver_of=[
                     firsts.index(k if c.same_graph_as is None else c.same_graph_as)
                     for k, c in enumerate(self._captured)
@@ -309,6 +317,7 @@ class Planner:
             },
             "inputs": _describe_inputs(self.example_inputs, self.example_kwargs),
             "autocast": str(self.autocast) if self.autocast else None,
+            "gradients_held": self.gradients_held,
             "parameters": parameter_signature(self.model),
             "fingerprints": [g.fingerprint() for g in graphs],
             "device": str(self.device),

@@ -255,6 +255,7 @@ class StepSolver:
         runtime_factor: float = 1.0,
         solver_of: list[int] | None = None,
         moments: list[EagerPeaks] | None = None,
+        gradients_held: bool = False,
     ) -> None:
         self.graphs = graphs
         self.solver_of = solver_of or list(range(len(graphs)))
@@ -262,26 +263,28 @@ class StepSolver:
         self.single = len(graphs) == 1  # the step is that graph's own simulation
         self.runtime_factor = runtime_factor  # the profile's (explorer.stepcost)
         self.solvers = solvers
-        self.static_bytes = static_bytes
         self.workspace = workspace
         self.handoffs = handoffs
         self.moments = moments  # per run (explorer.eagerpeaks)
         self.fingerprint = "+".join(g.fingerprint() for g in graphs)
         handed = handoffs or [Handoff()] * len(graphs)
+        grads = sum(
+            _param_grad_bytes(g, h) + h.eager.grads for g, h in zip(graphs, handed, strict=True)
+        )
+        # a step that starts with the gradients an earlier one left (gradient accumulation)
+        # holds them throughout, and autograd adds into them in place
+        self.static_bytes = static_bytes + (grads if gradients_held else 0)
         # one graph: what the step holds beyond what that graph's own simulation counts
         # (model state no graph reads, what eager code before the graph saves for the
         # backward); its solver plans in its own bytes, a step budget less these
         self.beyond_graph_bytes = (
-            static_bytes - graphs[0].static_bytes() + _eager_throughout(handed[0].eager)
+            self.static_bytes - graphs[0].static_bytes() + _eager_throughout(handed[0].eager)
             if self.single
             else 0
         )
         self.baseline = self.combine([s.baseline for s in solvers])
-        grads = sum(
-            _param_grad_bytes(g, h) + h.eager.grads for g, h in zip(graphs, handed, strict=True)
-        )
         single_fixed = solvers[0].fixed_bytes + self.beyond_graph_bytes
-        self.fixed_bytes = single_fixed if self.single else static_bytes + grads
+        self.fixed_bytes = single_fixed if self.single else self.static_bytes + grads
         self._minimum: Schedule | None = None
 
     @property

@@ -285,6 +285,12 @@ def verify(
     state = held_state(model if model is not None else reference)
     static = tensor_bytes([*state, *tensors_in((args, kwargs))])
     dev = tensors_in((args, kwargs))[0].device
+    held = bool(made_for.get("gradients_held"))
+    if held:  # planned for steps that add to the gradients of an earlier one: make them
+        _first_steps(
+            [reference, wrapped, exact_model], args, kwargs, seed, autocast, path, schedule
+        )
+        static += tensor_bytes([p.grad for p in candidate.parameters() if p.grad is not None])
 
     with _deterministic(dev):
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
@@ -334,14 +340,28 @@ def verify(
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
             ref_peak, new_peak, allocated, reserved = _cuda_peaks(
-                reference, wrapped, args, kwargs, seed, autocast, dev
+                reference, wrapped, args, kwargs, seed, autocast, dev, held
             )
         report.measurements["CUDA allocated peak (bytes)"] = static + allocated
         report.measurements["CUDA reserved peak (bytes)"] = reserved
     report.rows.append(_peak_row(static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
-    report.measurements.update(_timings(reference, wrapped, args, kwargs, seed, schedule, autocast))
+    report.measurements.update(
+        _timings(reference, wrapped, args, kwargs, seed, schedule, autocast, held)
+    )
     return report
+
+
+def _first_steps(
+    models: list, args: tuple, kwargs: dict, seed: int, autocast, path: Path, schedule: dict
+) -> None:
+    """One step of each model (None: skipped), whose gradients the compared step adds to."""
+    dev = tensors_in((args, kwargs))[0].device
+    with _deterministic(dev), step_autocast(dev, autocast), _explained(path, schedule):
+        for model in models:
+            if model is not None:
+                step_args, step_kwargs = _fresh_inputs(args, kwargs)
+                training_step(model, step_args, seed, step_kwargs)
 
 
 @contextlib.contextmanager
@@ -401,16 +421,15 @@ def _float64_step(
 
 
 def _cuda_peaks(
-    reference, wrapped, args, kwargs, seed, autocast, dev: torch.device
+    reference, wrapped, args, kwargs, seed, autocast, dev: torch.device, held: bool
 ) -> tuple[int, int, int, int]:
-    """One more step of each model, gradients cleared first, under the user's kernel settings:
-    the unmodified and the scheduled peaks as requested of the allocator, and the scheduled
-    step's allocated and reserved peaks."""
+    """One more step of each model, gradients cleared first unless the plan holds them, under
+    the user's kernel settings: the unmodified and the scheduled peaks as requested of the
+    allocator, and the scheduled step's allocated and reserved peaks."""
     peaks = []
     for model in (reference, wrapped):
         step_args, step_kwargs = _fresh_inputs(args, kwargs)
-        for tensor in grad_holders(model, (step_args, step_kwargs)):
-            tensor.grad = None
+        _clear_gradients(model, step_args, step_kwargs, held)
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as meter:
             training_step(model, step_args, seed, step_kwargs)
         peaks.append(meter)
@@ -447,13 +466,23 @@ def _peak_row(measured: int, schedule: dict) -> VerifyRow:
     return VerifyRow("peak memory (bytes)", measured, predicted, within, note)
 
 
-def _timings(reference, wrapped, args, kwargs, seed, schedule, autocast) -> dict[str, float]:
+def _clear_gradients(model: nn.Module, args: tuple, kwargs: dict, held: bool) -> None:
+    """Start the next step as the plan does: without gradients, unless it holds them."""
+    if not held:
+        for tensor in grad_holders(model, (args, kwargs)):
+            tensor.grad = None
+
+
+def _timings(
+    reference, wrapped, args, kwargs, seed, schedule, autocast, held: bool
+) -> dict[str, float]:
     """Median step times, interleaved so that drifts in machine load hit both alike."""
     dev = tensors_in((args, kwargs))[0].device
     ref_times, new_times = [], []
     for _ in range(TIMED_STEPS):
         for model, times in ((reference, ref_times), (wrapped, new_times)):
             step_args, step_kwargs = _fresh_inputs(args, kwargs)
+            _clear_gradients(model, step_args, step_kwargs, held)
 
             def step(m=model, a=step_args, k=step_kwargs) -> None:
                 training_step(m, a, seed, k)

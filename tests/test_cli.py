@@ -368,6 +368,24 @@ def test_a_profile_from_before_the_moments_is_used_with_a_one_line_warning(tmp_p
     assert json.loads(path.read_text()) == older  # reused, not rewritten
 
 
+def test_a_sweep_for_gradient_accumulation_exports_and_verifies(tmp_path):
+    # catches: --gradients-held lost between the sweep, the exported file and verify (which
+    # then measures a step without them against a prediction with them)
+    args = ["--model", "sample:tiny_cnn", "--batch-size", "2", "--input-size", "16"]
+    swept = cli("sweep", *args, "--points", "3", "--gradients-held", "--out", str(tmp_path))
+    assert swept.returncode == 0, swept.stderr
+    front = json.loads((tmp_path / "front.json").read_text())
+    assert front["model"]["gradients_held"] is True
+    target = tmp_path / "held.py"
+    exported = cli("export", "--front", str(tmp_path / "front.json"), "--budget", "0.9",
+                   "--out", str(target))  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    verified = cli("verify", str(target), "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    peak = next(r for r in json.loads(verified.stdout)["rows"] if r["quantity"].startswith("peak"))
+    assert peak["measured"] == peak["predicted"]
+
+
 def test_a_model_whose_input_is_made_here_needs_a_batch_size(capsys, tmp_path):
     # catches: a missing --batch-size reaching the model builder as None (an internal error)
     out = tmp_path / "out"
