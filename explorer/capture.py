@@ -17,7 +17,10 @@ random draw (LayerDrop) is planned on the path verify takes, whatever the caller
 
 The example inputs follow `torch.export`: positional `args` (a tensor or a tuple) and keyword
 `kwargs`. The step planned is the model's forward and its backward from the gradients of every
-output that requires grad, so any loss the user computes on the outputs works.
+output that requires grad, or, given a loss, from the loss of the outputs: the loss runs as
+eager code after the graphs (what it holds for a moment is measured when profiling), the
+outputs stay the user's (a loop that names them holds them), and their gradients come from
+autograd, each let go once its graph's backward has read it.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from explorer.modelstate import (
 )
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
+from explorer.verify import loss_of
 
 # the PyTorch running here keeps a graph's handed-over tangents through its backward
 # (AOTAutograd before 2.13; see `Handoff`)
@@ -175,12 +179,15 @@ def capture(
     kwargs: dict | None = None,
     *,
     autocast: torch.dtype | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[CapturedGraph]:
     """The joint graphs of one training step of `model(*args, **kwargs)` (see module docstring).
 
     `autocast`: capture under `torch.autocast` with this dtype (bf16/fp16), as the runtime will
-    run under it. Raises UserError when nothing in the step needs a gradient, or when Dynamo or
-    AOTAutograd cannot capture the model (the message names the failing construct).
+    run under it. `loss`: the step backpropagates `loss(result)` rather than a gradient for
+    each output. Raises UserError when nothing in the step needs a gradient, when Dynamo or
+    AOTAutograd cannot capture the model (the message names the failing construct), or when
+    the loss fails or is not a scalar with a gradient.
     """
     with kept(model, (args, kwargs), STEP_SEED), _autocast(args, autocast):
         _first_call(model, args, kwargs or {})
@@ -193,6 +200,7 @@ def capture(
             raise
         except Exception as exc:  # Dynamo or AOTAutograd could not capture the model
             raise UserError(f"cannot capture the model: {first_line(exc)}") from exc
+        losses = [] if loss is None else [loss_of(result, loss)]
     # the cache entry (the recorder) must not hold the step's tensors
     captured, recorder.passes, recorder.compiled = recorder.passes, [], []
     recorder.done = True
@@ -205,8 +213,8 @@ def capture(
     _refuse_checkpointed_batch_norm(captured)
     outputs = output_tensors(result)
     known = [*tensors_in((args, kwargs)), *held_tensors(model)]
-    _handoffs(captured, known, outputs)
-    _attach_eager_code(captured, outputs, known)
+    _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
+    _attach_eager_code(captured, [*outputs, *losses], known)
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed
         graph.runtime, graph.set_marker = call, recorder.set_marker
@@ -243,12 +251,17 @@ def _first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
 
 
 def _handoffs(
-    captured: list[CapturedGraph], known: list[torch.Tensor], results: list[torch.Tensor]
+    captured: list[CapturedGraph],
+    known: list[torch.Tensor],
+    results: list[torch.Tensor],
+    from_loss: bool = False,
 ) -> None:
     """Which inputs of each graph were made during the step (by an earlier graph, or by eager
     code: neither the user's nor the model's, `known`), which outputs only later graphs read,
     and which nobody holds (read by eager code only); a single graph's too (its input made by
-    eager code, its output that an eagerly computed loss reads)."""
+    eager code, its output that an eagerly computed loss reads). `from_loss`: the step
+    backpropagates a loss, so every output's gradient comes from autograd, none from the
+    user."""
     user = {storage_address(t) for t in known} | {storage_address(t) for t in results}
     saved = saved_by_eager_code(results)
     held_at = [{held.address for held in graph.frames} for graph in captured]
@@ -277,8 +290,10 @@ def _handoffs(
         # autograd makes these tangents: a later graph's gradient for an output only later
         # graphs read, zeros for one nobody holds, the sum of the user's tangent and a later
         # graph's gradient for one both hold
-        by_autograd = {ref for ref, storage in outputs if storage not in user or storage in later}
-        summed = {ref for ref, storage in outputs if storage in user and storage in later}
+        by_autograd = {
+            ref for ref, storage in outputs if from_loss or storage not in user or storage in later
+        }
+        summed = set() if from_loss else {r for r, s in outputs if s in user and s in later}
         graph.handoff = Handoff(
             transient,
             passed_on,

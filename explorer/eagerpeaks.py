@@ -128,6 +128,7 @@ def measure_eager_peaks(
     set_marker: Callable[[Callable[[str, str], None] | None], None],
     runs: int,
     autocast: torch.dtype | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[EagerPeaks]:
     """One training step of `runtime` (the capture's compiled step, without recomputation,
     already run once so that nothing compiles now), from no gradients (`kept` puts the
@@ -156,7 +157,9 @@ def measure_eager_peaks(
             start, _ = meter.read()
             set_marker(mark)
             try:
-                training_step(lambda *a, **k: runtime(model, *a, **k), args, STEP_SEED, kwargs)
+                training_step(
+                    lambda *a, **k: runtime(model, *a, **k), args, STEP_SEED, kwargs, loss=loss
+                )
             finally:
                 set_marker(None)
             readings.append(("", "", *meter.read()))

@@ -13,6 +13,7 @@ Widgets and the command line call exactly these methods; nothing here prints.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,11 @@ class Planner:
     step as it runs under `torch.autocast`. A plan made under autocast is its own plan.
     `gradients_held`: every step starts with the parameters' gradients of the one before
     (gradient accumulation, or `zero_grad(set_to_none=False)`), which then count in every
-    peak; by default a step starts without them, as after `optimizer.zero_grad()`."""
+    peak; by default a step starts without them, as after `optimizer.zero_grad()`. `loss`:
+    the step backpropagates `loss(outputs)` (a one-element tensor, the targets closed over),
+    computed outside the model as a training loop does, rather than a random gradient for
+    every output; the outputs count as held through the backward, as a loop that names them
+    holds them."""
 
     def __init__(
         self,
@@ -62,6 +67,7 @@ class Planner:
         autocast: torch.dtype | None = None,
         max_stages: int = 48,
         gradients_held: bool = False,
+        loss: Callable[[Any], torch.Tensor] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise UserError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
@@ -80,6 +86,7 @@ class Planner:
         # each step starts with the gradients the last one left (gradient accumulation over
         # micro-batches, or zero_grad(set_to_none=False)): alive throughout, counted so
         self.gradients_held = gradients_held
+        self.loss = loss  # the step backpropagates loss(outputs), computed outside the model
         self._captured: list[CapturedGraph] | None = None
         self._profile: StepProfile | None = None
         self.solver_name = DEFAULT_SOLVER
@@ -102,7 +109,11 @@ class Planner:
         """The step's graphs, as the runtime will run them (cached)."""
         if self._captured is None:
             self._captured = capture(
-                self.model, self.example_inputs, self.example_kwargs, autocast=self.autocast
+                self.model,
+                self.example_inputs,
+                self.example_kwargs,
+                autocast=self.autocast,
+                loss=self.loss,
             )
         return [c.graph for c in self._captured]
 
@@ -137,6 +148,7 @@ class Planner:
                 autocast=self.autocast,
                 runtime=self._captured[0].runtime,
                 cancel=cancel,
+                loss=self.loss,
             )
             report(progress, total, total, "measuring what code outside the graphs holds")
             first_run = self._captured[0]
@@ -149,6 +161,7 @@ class Planner:
                 first_run.set_marker,
                 len(runs),
                 autocast=self.autocast,
+                loss=self.loss,
             )
             profiles = [replace(p, eager=e) for p, e in zip(profiles, peaks, strict=True)]
             first = profiles[0]
@@ -318,6 +331,7 @@ class Planner:
             "inputs": _describe_inputs(self.example_inputs, self.example_kwargs),
             "autocast": str(self.autocast) if self.autocast else None,
             "gradients_held": self.gradients_held,
+            "loss": _loss_name(self.loss),
             "parameters": parameter_signature(self.model),
             "fingerprints": [g.fingerprint() for g in graphs],
             "device": str(self.device),
@@ -345,7 +359,15 @@ class Planner:
             example_inputs=self.example_inputs,
             example_kwargs=self.example_kwargs,
             autocast=self.autocast,
+            loss=self.loss,
         )
+
+
+def _loss_name(loss: Callable | None) -> str | None:
+    """What an exported file records of the loss a plan was made with (it cannot hold it)."""
+    if loss is None:
+        return None
+    return getattr(loss, "__qualname__", None) or type(loss).__name__
 
 
 def _batch(x: Any) -> int | None:

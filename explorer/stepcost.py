@@ -61,6 +61,7 @@ def measure_step_times(
     runtime: Callable[..., Any] | None = None,
     seconds: float = TIMING_SECONDS,
     cancel: CancelToken | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> StepTimes:
     """Time the model's training step unmodified and under the runtime with no schedule
     (every graph runs without recomputation), interleaved (see the module docstring).
@@ -74,7 +75,7 @@ def measure_step_times(
         def run() -> None:
             for tensor in holders:
                 tensor.grad = None
-            training_step(forward, args, 0, kwargs)
+            training_step(forward, args, 0, kwargs, loss=loss)
 
         return run
 

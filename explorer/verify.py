@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,11 @@ def training_step(
     seed: int,
     kwargs: dict | None = None,
     tangent_dtype: torch.dtype | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
-    """One training step from the seed: forward (dropout seeded), backward from random tangents
+    """One training step from the seed: forward (dropout seeded), then, given `loss`, backward
+    from `loss(result)` (the outputs still held, as a loop that names them holds them);
+    otherwise backward from random tangents
     on every output that requires grad, but an output that shares its storage with an earlier
     one (a view of it: CLIP returns `logits_per_image` as `logits_per_text.t()`): the graph
     returns that storage once and gets one tangent for it, which the plan counts, where a
@@ -141,7 +145,11 @@ def training_step(
     transformers `DynamicCache` (`use_cache=True`) holds each layer's key and value states,
     which the step returns and the plan gives a tangent each, like any output."""
     torch.manual_seed(seed)
-    tensors = output_tensors(model(*inputs, **(kwargs or {})))
+    result = model(*inputs, **(kwargs or {}))
+    tensors = output_tensors(result)
+    if loss is not None:
+        loss_of(result, loss).backward()
+        return [o.detach() for o in tensors]
     differentiable: list[torch.Tensor] = []
     for output in tensors:
         storage = output.untyped_storage()
@@ -156,6 +164,27 @@ def training_step(
         ]
         torch.autograd.backward(differentiable, tangents)
     return [o.detach() for o in tensors]
+
+
+def loss_of(result: Any, loss: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+    """`loss(result)`, refused unless it is a scalar tensor with a gradient."""
+    try:
+        value = loss(result)
+    except Exception as exc:
+        raise UserError(f"the loss raised {first_line(exc)}") from exc
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
+        raise UserError(
+            "the loss must return a one-element tensor that requires grad, computed from the "
+            f"model's outputs; it returned {_described(value)}"
+        )
+    return value
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        grad = "" if value.requires_grad else ", without a gradient"
+        return f"a tensor of shape {tuple(value.shape)}{grad}"
+    return type(value).__name__
 
 
 def _laid_out_like(output: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -264,12 +293,16 @@ def verify(
     example_kwargs: dict | None = None,
     autocast: torch.dtype | None = None,
     seed: int = STEP_SEED,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> VerifyReport:
     """Run the exported schedule and the unmodified model side by side (module docstring).
 
-    Without `model`, the model and its inputs are rebuilt from the SPEC the file records."""
+    Without `model`, the model and its inputs are rebuilt from the SPEC the file records.
+    `loss`: the loss the schedule was planned with (`Planner(loss=...)`), which the file
+    names but cannot hold."""
     path = Path(path)
     made_for, schedule = read_module(path)
+    _check_loss(path, made_for, loss)
     reference, args, kwargs = _models(made_for, model, example_inputs, example_kwargs, device)
     autocast = autocast or _dtype(made_for.get("autocast"))
     candidate = copy_model(reference)
@@ -288,19 +321,19 @@ def verify(
     held = bool(made_for.get("gradients_held"))
     if held:  # planned for steps that add to the gradients of an earlier one: make them
         _first_steps(
-            [reference, wrapped, exact_model], args, kwargs, seed, autocast, path, schedule
+            [reference, wrapped, exact_model], args, kwargs, seed, autocast, path, schedule, loss
         )
         static += tensor_bytes([p.grad for p in candidate.parameters() if p.grad is not None])
 
     with _deterministic(dev):
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
-            ref_out = training_step(reference, ref_args, seed, ref_kwargs)
+            ref_out = training_step(reference, ref_args, seed, ref_kwargs, loss=loss)
         with (
             step_autocast(dev, autocast),
             _explained(path, schedule),
             LiveBytesTracker(dev) as new_meter,
         ):
-            new_out = training_step(wrapped, new_args, seed, new_kwargs)
+            new_out = training_step(wrapped, new_args, seed, new_kwargs, loss=loss)
 
     if model is None and any(p.how != EXACT for p in wrapped.plans):
         spec = made_for.get("model", {})
@@ -326,7 +359,7 @@ def verify(
         exact, failure = {}, ""
         try:
             with _deterministic(dev):
-                exact = _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out)
+                exact = _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out, loss)
         except (RuntimeError, TypeError) as exc:  # out of memory, or no float64 kernel
             failure = f"the float64 step could not run ({first_line(exc)})"
         rows = {name: compare(name, pairs, exact.get(name)) for name, pairs in checks.items()}
@@ -340,20 +373,37 @@ def verify(
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
             ref_peak, new_peak, allocated, reserved = _cuda_peaks(
-                reference, wrapped, args, kwargs, seed, autocast, dev, held
+                reference, wrapped, args, kwargs, seed, autocast, dev, held, loss
             )
         report.measurements["CUDA allocated peak (bytes)"] = static + allocated
         report.measurements["CUDA reserved peak (bytes)"] = reserved
     report.rows.append(_peak_row(static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
     report.measurements.update(
-        _timings(reference, wrapped, args, kwargs, seed, schedule, autocast, held)
+        _timings(reference, wrapped, args, kwargs, seed, schedule, autocast, held, loss)
     )
     return report
 
 
+def _check_loss(path: Path, made_for: dict, loss: Callable | None) -> None:
+    """Verify the step the schedule was planned for: with its loss, or from random tangents
+    on every output."""
+    planned = made_for.get("loss")
+    if planned and loss is None:
+        raise UserError(
+            f"{path}: this schedule was planned with a loss ({planned}), which the file cannot "
+            "hold: verify it from Python, explorer.verify(path, model=..., "
+            "example_inputs=..., loss=...)"
+        )
+    if loss is not None and not planned:
+        raise UserError(
+            f"{path}: this schedule was planned for a step from random gradients on every "
+            "output, not for a loss: verify it without loss=, or plan with Planner(loss=...)"
+        )
+
+
 def _first_steps(
-    models: list, args: tuple, kwargs: dict, seed: int, autocast, path: Path, schedule: dict
+    models: list, args: tuple, kwargs: dict, seed: int, autocast, path: Path, schedule: dict, loss
 ) -> None:
     """One step of each model (None: skipped), whose gradients the compared step adds to."""
     dev = tensors_in((args, kwargs))[0].device
@@ -361,7 +411,7 @@ def _first_steps(
         for model in models:
             if model is not None:
                 step_args, step_kwargs = _fresh_inputs(args, kwargs)
-                training_step(model, step_args, seed, step_kwargs)
+                training_step(model, step_args, seed, step_kwargs, loss=loss)
 
 
 @contextlib.contextmanager
@@ -389,7 +439,13 @@ def _deterministic(device: torch.device):
 
 
 def _float64_step(
-    model: nn.Module, args: tuple, kwargs: dict, seed: int, needs_grad: list[int], outputs: list
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    seed: int,
+    needs_grad: list[int],
+    outputs: list,
+    loss: Callable[[Any], torch.Tensor] | None,
 ) -> dict[str, list]:
     """The same training step in float64, from the same state, seed and tangents: the exact
     answer the two float32 runs are measured against, by check name. Inputs nested in lists
@@ -408,7 +464,7 @@ def _float64_step(
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        out = training_step(model, args64, seed, kwargs64, tangent_dtype=tangent_dtype)
+        out = training_step(model, args64, seed, kwargs64, tangent_dtype=tangent_dtype, loss=loss)
     finally:
         torch.set_default_dtype(default)
     inputs = tensors_in((args64, kwargs64))
@@ -421,7 +477,7 @@ def _float64_step(
 
 
 def _cuda_peaks(
-    reference, wrapped, args, kwargs, seed, autocast, dev: torch.device, held: bool
+    reference, wrapped, args, kwargs, seed, autocast, dev: torch.device, held: bool, loss
 ) -> tuple[int, int, int, int]:
     """One more step of each model, gradients cleared first unless the plan holds them, under
     the user's kernel settings: the unmodified and the scheduled peaks as requested of the
@@ -431,7 +487,7 @@ def _cuda_peaks(
         step_args, step_kwargs = _fresh_inputs(args, kwargs)
         _clear_gradients(model, step_args, step_kwargs, held)
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as meter:
-            training_step(model, step_args, seed, step_kwargs)
+            training_step(model, step_args, seed, step_kwargs, loss=loss)
         peaks.append(meter)
     ref, new = peaks
     return ref.peak_bytes, new.peak_bytes, new.peak_allocated_bytes, new.peak_reserved_bytes
@@ -474,7 +530,7 @@ def _clear_gradients(model: nn.Module, args: tuple, kwargs: dict, held: bool) ->
 
 
 def _timings(
-    reference, wrapped, args, kwargs, seed, schedule, autocast, held: bool
+    reference, wrapped, args, kwargs, seed, schedule, autocast, held: bool, loss
 ) -> dict[str, float]:
     """Median step times, interleaved so that drifts in machine load hit both alike."""
     dev = tensors_in((args, kwargs))[0].device
@@ -485,7 +541,7 @@ def _timings(
             _clear_gradients(model, step_args, step_kwargs, held)
 
             def step(m=model, a=step_args, k=step_kwargs) -> None:
-                training_step(m, a, seed, k)
+                training_step(m, a, seed, k, loss=loss)
 
             with step_autocast(dev, autocast):
                 times.append(time_step(step, dev))

@@ -79,7 +79,7 @@ def live_bytes_by_operator(
     operators of the same names) are matched to the prediction's in order by their aten name;
     they include more (views the graphs make), and every predicted one must be found."""
     wrapped = wrap_with_schedule(copy.deepcopy(plan.model), plan.made_for(), schedule.to_dict())
-    training_step(wrapped, inputs, 0, kwargs)
+    training_step(wrapped, inputs, 0, kwargs, loss=plan.loss)
     for parameter in wrapped.parameters():
         parameter.grad = None
     ran: list[tuple[str, int]] = []
@@ -89,7 +89,7 @@ def live_bytes_by_operator(
             ran.append((name, live))
 
     with LiveBytesTracker(after_op=after_op):
-        training_step(wrapped, inputs, 0, kwargs)
+        training_step(wrapped, inputs, 0, kwargs, loss=plan.loss)
     line = plan.timeline(schedule)
     graphs = plan.capture()
     predicted = []
