@@ -11,7 +11,9 @@ class BelowMinimum(UserError):
 
 class RematWarning(UserWarning):
     """Something the tool goes on with that may not hold as planned: said once, with what to
-    do (a plan carried over to a graph it was not made for, a profile from an older version)."""
+    do (a plan carried over to a graph it was not made for, a step that runs a graph more
+    often than planned or starts with gradients the plan does not hold, a profile saved by an
+    older version)."""
 
 
 class Cancelled(Exception):

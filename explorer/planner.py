@@ -165,7 +165,13 @@ class Planner:
             )
             profiles = [replace(p, eager=e) for p, e in zip(profiles, peaks, strict=True)]
             first = profiles[0]
-            self._profile = StepProfile(profiles, first.device, first.device_name, step_times=times)
+            self._profile = StepProfile(
+                profiles,
+                first.device,
+                first.device_name,
+                step_times=times,
+                loss=_loss_name(self.loss),
+            )
         return self._profile
 
     def use_profile(self, profile: StepProfile) -> None:
@@ -176,6 +182,14 @@ class Planner:
             raise UserError(
                 f"the profile is for graph {profile.fingerprint}, this model traces to "
                 f"{fingerprint}: profile this model again"
+            )
+        name = _loss_name(self.loss)
+        if profile.loss != name:  # the same graphs, another step around them
+            measured = f"with the loss {profile.loss}" if profile.loss else "without a loss"
+            wanted = f"with the loss {name}" if name else "without one"
+            raise UserError(
+                f"the profile was measured for a step {measured}, this planner's step is "
+                f"{wanted}: profile it again"
             )
         self._profile = profile
         self._solvers.clear()

@@ -88,6 +88,7 @@ class StepProfile:
     device_name: str
     torch_version: str = torch.__version__
     step_times: StepTimes | None = None
+    loss: str | None = None  # the name of the loss the step backpropagated (Planner(loss=...))
 
     @property
     def runtime_factor(self) -> float:
@@ -111,6 +112,7 @@ class StepProfile:
             "torch_version": self.torch_version,
             "graphs": [p.to_dict() for p in self.graphs],
             "step_times": asdict(self.step_times) if self.step_times is not None else None,
+            "loss": self.loss,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -136,6 +138,7 @@ class StepProfile:
                 device_name=name,
                 torch_version=str(data.get("torch_version", "")),
                 step_times=_step_times(data.get("step_times")),
+                loss=None if data.get("loss") is None else str(data["loss"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: not a valid profile ({type(exc).__name__}: {exc})") from exc

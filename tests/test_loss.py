@@ -11,6 +11,7 @@ from helpers import live_bytes_by_operator
 import explorer
 from explorer.errors import UserError
 from explorer.models import build
+from explorer.profile import StepProfile
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,22 @@ def test_a_schedule_made_with_a_loss_is_verified_with_it(gpt, tmp_path):
     other = plain.baseline().export(tmp_path / "without_loss.py")
     with pytest.raises(UserError, match="not for a loss"):
         explorer.verify(other, **inputs, loss=cross_entropy)
+
+
+def test_a_profile_is_used_only_for_the_step_it_measured(gpt, tmp_path):
+    # catches: a profile measured without the loss (no moment for it) planning a step with
+    # one: the loss's memory missing from every point
+    built, cross_entropy = gpt
+    with_loss = explorer.Planner(built.model, built.example_inputs, loss=cross_entropy)
+    path = with_loss.profile().save(tmp_path / "profile.json")
+    saved = StepProfile.load(path)
+    assert saved.loss is not None and saved.loss.endswith("cross_entropy")
+    without = explorer.Planner(built.model, built.example_inputs)
+    with pytest.raises(UserError, match="measured for a step with the loss"):
+        without.use_profile(saved)
+    with pytest.raises(UserError, match="measured for a step without a loss"):
+        with_loss.use_profile(without.profile())
+    with_loss.use_profile(saved)  # its own: accepted
 
 
 @pytest.mark.parametrize(
