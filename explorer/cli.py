@@ -127,6 +127,7 @@ def _planner(args: argparse.Namespace):
         spec=built.spec,
         autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp),
         gradients_held=getattr(args, "gradients_held", False),  # sweep's alone
+        loss=args.loss,
     )
 
 
@@ -276,12 +277,20 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     )
 
 
-def _amp_arg(p: argparse.ArgumentParser) -> None:
+def _step_args(p: argparse.ArgumentParser) -> None:
+    """What the planned step is, beyond the model: autocast, and the loss it backpropagates."""
     p.add_argument(
         "--amp",
         choices=["none", "bf16", "fp16"],
         default="none",
         help="plan the step under torch.autocast with this dtype (a plan of its own)",
+    )
+    p.add_argument(
+        "--loss",
+        choices=["cross_entropy"],
+        default=None,
+        help="backpropagate this loss of the output, on fixed random classes (default: a "
+        "random gradient for every output)",
     )
 
 
@@ -303,14 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="time every operator of a training step")
     _model_args(p)
-    _amp_arg(p)
+    _step_args(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--out", required=True, help="folder for profile.json")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("sweep", help="solve budgets from the minimum to no recomputation")
     _model_args(p)
-    _amp_arg(p)
+    _step_args(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--points", type=_points, default=12, help="budgets to solve (at least 2)")
     p.add_argument("--time-limit", type=_seconds, default=None, help="seconds per ILP solve")

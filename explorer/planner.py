@@ -27,6 +27,7 @@ from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
 from explorer.errors import UserError
 from explorer.export import write_module
 from explorer.graph import Graph
+from explorer.losses import loss_name, named_loss
 from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec
 from explorer.modelstate import as_trained, held_state, tensors_in
@@ -55,7 +56,7 @@ class Planner:
     the step backpropagates `loss(outputs)` (a one-element tensor, the targets closed over),
     computed outside the model as a training loop does, rather than a random gradient for
     every output; the outputs count as held through the backward, as a loop that names them
-    holds them."""
+    holds them. A name (`"cross_entropy"`, explorer.losses) is a loss a file can record."""
 
     def __init__(
         self,
@@ -67,7 +68,7 @@ class Planner:
         autocast: torch.dtype | None = None,
         max_stages: int = 48,
         gradients_held: bool = False,
-        loss: Callable[[Any], torch.Tensor] | None = None,
+        loss: Callable[[Any], torch.Tensor] | str | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise UserError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
@@ -86,7 +87,9 @@ class Planner:
         # each step starts with the gradients the last one left (gradient accumulation over
         # micro-batches, or zero_grad(set_to_none=False)): alive throughout, counted so
         self.gradients_held = gradients_held
-        self.loss = loss  # the step backpropagates loss(outputs), computed outside the model
+        # the step backpropagates loss(outputs), computed outside the model (a name: one of
+        # explorer.losses, which the command line and verify can rebuild from a file)
+        self.loss = named_loss(loss) if isinstance(loss, str) else loss
         self._captured: list[CapturedGraph] | None = None
         self._profile: StepProfile | None = None
         self.solver_name = DEFAULT_SOLVER
@@ -170,7 +173,7 @@ class Planner:
                 first.device,
                 first.device_name,
                 step_times=times,
-                loss=_loss_name(self.loss),
+                loss=loss_name(self.loss),
             )
         return self._profile
 
@@ -183,7 +186,7 @@ class Planner:
                 f"the profile is for graph {profile.fingerprint}, this model traces to "
                 f"{fingerprint}: profile this model again"
             )
-        name = _loss_name(self.loss)
+        name = loss_name(self.loss)
         if profile.loss != name:  # the same graphs, another step around them
             measured = f"with the loss {profile.loss}" if profile.loss else "without a loss"
             wanted = f"with the loss {name}" if name else "without one"
@@ -345,7 +348,7 @@ class Planner:
             "inputs": _describe_inputs(self.example_inputs, self.example_kwargs),
             "autocast": str(self.autocast) if self.autocast else None,
             "gradients_held": self.gradients_held,
-            "loss": _loss_name(self.loss),
+            "loss": loss_name(self.loss),
             "parameters": parameter_signature(self.model),
             "fingerprints": [g.fingerprint() for g in graphs],
             "device": str(self.device),
@@ -375,13 +378,6 @@ class Planner:
             autocast=self.autocast,
             loss=self.loss,
         )
-
-
-def _loss_name(loss: Callable | None) -> str | None:
-    """What an exported file records of the loss a plan was made with (it cannot hold it)."""
-    if loss is None:
-        return None
-    return getattr(loss, "__qualname__", None) or type(loss).__name__
 
 
 def _batch(x: Any) -> int | None:

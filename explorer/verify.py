@@ -52,6 +52,7 @@ from torch.utils._pytree import tree_map
 from explorer.backend import EXACT, RematError, wrap_with_schedule
 from explorer.errors import UserError, first_line
 from explorer.export import read_module
+from explorer.losses import NAMED
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.modelstate import (
     STEP_SEED,
@@ -302,7 +303,7 @@ def verify(
     names but cannot hold."""
     path = Path(path)
     made_for, schedule = read_module(path)
-    _check_loss(path, made_for, loss)
+    loss = _loss_for(path, made_for, loss)
     reference, args, kwargs = _models(made_for, model, example_inputs, example_kwargs, device)
     autocast = autocast or _dtype(made_for.get("autocast"))
     candidate = copy_model(reference)
@@ -385,11 +386,13 @@ def verify(
     return report
 
 
-def _check_loss(path: Path, made_for: dict, loss: Callable | None) -> None:
-    """Verify the step the schedule was planned for: with its loss, or from random tangents
-    on every output."""
+def _loss_for(path: Path, made_for: dict, loss: Callable | None) -> Callable | None:
+    """The loss of the step the schedule was planned for: the one given, the named one the
+    file records, or none (random tangents on every output)."""
     planned = made_for.get("loss")
     if planned and loss is None:
+        if planned in NAMED:
+            return NAMED[planned]
         raise UserError(
             f"{path}: this schedule was planned with a loss ({planned}), which the file cannot "
             "hold: verify it from Python, explorer.verify(path, model=..., "
@@ -400,6 +403,7 @@ def _check_loss(path: Path, made_for: dict, loss: Callable | None) -> None:
             f"{path}: this schedule was planned for a step from random gradients on every "
             "output, not for a loss: verify it without loss=, or plan with Planner(loss=...)"
         )
+    return loss
 
 
 def _first_steps(

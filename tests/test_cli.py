@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from explorer import sweep
-from explorer.cli import main
+from explorer.cli import build_parser, main
 from explorer.errors import UserError
 from explorer.units import format_seconds, least_fraction, parse_budget
 
@@ -384,6 +384,37 @@ def test_a_sweep_for_gradient_accumulation_exports_and_verifies(tmp_path):
     assert verified.returncode == 0, verified.stdout + verified.stderr
     peak = next(r for r in json.loads(verified.stdout)["rows"] if r["quantity"].startswith("peak"))
     assert peak["measured"] == peak["predicted"]
+
+
+def test_a_sweep_with_a_named_loss_exports_and_verifies(tmp_path):
+    # catches: --loss lost between the sweep, the exported file and the command line's
+    # verify (which cannot be handed a Python loss, so it rebuilds the named one); a profile
+    # measured with the loss reused for a step without it
+    args = ["--model", "sample:gpt", "--batch-size", "2", "--input-size", "32"]
+    swept = cli("sweep", *args, "--points", "3", "--loss", "cross_entropy", "--out", str(tmp_path))
+    assert swept.returncode == 0, swept.stderr
+    front = json.loads((tmp_path / "front.json").read_text())
+    assert front["model"]["loss"] == "cross_entropy"
+    assert json.loads((tmp_path / "profile.json").read_text())["loss"] == "cross_entropy"
+    target = tmp_path / "with_loss.py"
+    exported = cli("export", "--front", str(tmp_path / "front.json"), "--budget", "1.0",
+                   "--out", str(target))  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    verified = cli("verify", str(target), "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    peak = next(r for r in json.loads(verified.stdout)["rows"] if r["quantity"].startswith("peak"))
+    assert peak["measured"] == peak["predicted"]
+    again = cli("sweep", *args, "--points", "3", "--out", str(tmp_path))  # without the loss
+    assert_one_line_error(again, "measured for a step with the loss cross_entropy")
+
+
+def test_the_loss_choices_are_the_named_losses():
+    from explorer.losses import NAMED
+
+    subcommands = next(a for a in build_parser()._actions if a.dest == "command")
+    for command in ("profile", "sweep"):
+        loss = next(a for a in subcommands.choices[command]._actions if a.dest == "loss")
+        assert sorted(loss.choices) == sorted(NAMED)
 
 
 def test_a_model_whose_input_is_made_here_needs_a_batch_size(capsys, tmp_path):

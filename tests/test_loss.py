@@ -99,3 +99,16 @@ def test_a_loss_that_is_not_a_scalar_with_a_gradient_is_refused(gpt, loss, expec
     plan = explorer.Planner(built.model, built.example_inputs, loss=loss)
     with pytest.raises(UserError, match=expected):
         plan.capture()
+
+
+def test_a_named_loss_is_rebuilt_from_the_file(gpt, tmp_path):
+    # catches: a named loss recorded as a function's name, which verify cannot rebuild
+    built, _ = gpt
+    plan = explorer.Planner(built.model, built.example_inputs, loss="cross_entropy")
+    path = plan.baseline().export(tmp_path / "named.py")
+    assert explorer.export.read_module(path)[0]["loss"] == "cross_entropy"
+    report = explorer.verify(path, model=built.model, example_inputs=built.example_inputs)
+    measured, predicted = _peak(report)
+    assert report.ok and measured == predicted, report.format_table()
+    with pytest.raises(UserError, match="unknown loss 'hinge'.*cross_entropy"):
+        explorer.Planner(built.model, built.example_inputs, loss="hinge")
