@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import explorer
-from explorer import Planner, UserError
+from explorer import Planner, UserError, losses
+from explorer.export import read_module
 from explorer.models import build
 from explorer.verify import VerifyReport, VerifyRow
 from remat_explorer.widgets import (
@@ -336,6 +337,31 @@ def test_precision_plans_the_step_under_autocast(tmp_path) -> None:
     assert dashboard.planner.autocast is torch.bfloat16
     targets = {n.target for g in dashboard.planner.capture() for n in g.nodes}
     assert "aten._to_copy.default" in targets  # the casts autocast inserts are in the plan
+
+
+def test_a_loss_and_held_gradients_are_planned_exported_and_verified(tmp_path) -> None:
+    # catches: the step's choices ignored (the plan from random gradients on a step from no
+    # gradients, which a loop with a loss and accumulation does not run), or lost between the
+    # exported file and Verify, which would then measure another step than the plan's
+    dashboard = new_dashboard(tmp_path, batch_size=4, input_size=32, points=3)
+    dashboard.picker.loss.value = "cross-entropy loss"
+    dashboard.picker.accumulate.value = True
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert dashboard.planner.loss is losses.cross_entropy and dashboard.planner.gradients_held
+    assert dashboard.planner.profile().loss == "cross_entropy"
+    dashboard.budget.slider.value = 0
+    dashboard.export_panel.export_button.click()
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    made_for = read_module(Path(dashboard.verify_panel.path.value))[0]
+    assert made_for["loss"] == "cross_entropy" and made_for["gradients_held"] is True
+    dashboard.verify_panel.verify_button.click()
+    finish(dashboard)
+    report = dashboard.verify_panel.report
+    assert_verified(dashboard.status, report, dashboard.verify_panel.table.value)
+    peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
+    assert peak.measured == peak.predicted
 
 
 @pytest.mark.parametrize("batch_size", [0, -3, 2.5])

@@ -199,8 +199,8 @@ class Dashboard(ipw.VBox):
 
     def _current_key(self) -> tuple:
         if self._own_model is not None:
-            return ("own", self.picker.precision.value)
-        return self.picker.settings()
+            return ("own", self.picker.precision.value, *self.picker.backward_key())
+        return (*self.picker.settings(), *self.picker.backward_key())
 
     def _planner(self) -> Any:
         """The Planner for the current settings: a new one (and empty plots) when they changed.
@@ -218,11 +218,11 @@ class Dashboard(ipw.VBox):
                 built.example_inputs,
                 built.example_kwargs,
                 spec=built.spec,
-                autocast=self.picker.autocast(),
+                **self.picker.step_options(),
             )
             self.verify_panel.device = key[3]
         else:
-            self.planner = Planner(*self._own_model, autocast=self.picker.autocast())
+            self.planner = Planner(*self._own_model, **self.picker.step_options())
         self._key = key
         self._baseline = None
         self.front = None

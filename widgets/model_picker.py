@@ -1,5 +1,7 @@
-"""Choose what to plan: a model SPEC (searchable), batch size, input size, device and
-precision (fp32, or the step under autocast: a plan of its own)."""
+"""Choose what to plan: a model SPEC (searchable), batch size, input size, device, precision
+(fp32, or the step under autocast: a plan of its own), what the backward starts from (a
+gradient for every output, or a named loss of the output, explorer.losses) and whether each
+step starts with the gradients of the one before (gradient accumulation)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 from explorer import UserError, models
 
 PRECISIONS = {"fp32": None, "bf16 autocast": torch.bfloat16, "fp16 autocast": torch.float16}
+LOSSES = {"gradient per output": None, "cross-entropy loss": "cross_entropy"}
 
 
 def available_devices() -> list[str]:
@@ -17,7 +20,8 @@ def available_devices() -> list[str]:
 
 
 class ModelPicker(ipw.HBox):
-    """Model SPEC, batch size, input size, device and precision (class `remat-model`).
+    """Model SPEC, batch size, input size, device, precision, the backward's start and
+    gradient accumulation (class `remat-model`).
 
     The SPEC box is a combobox over `explorer.models.list_specs()`: typing filters the list.
     An empty input size means the model's own default example input.
@@ -61,13 +65,35 @@ class ModelPicker(ipw.HBox):
             description="precision",
             layout={"width": "220px"},
         )
+        self.loss = ipw.Dropdown(
+            options=list(LOSSES),
+            value="gradient per output",
+            description="backward from",
+            layout={"width": "290px"},
+        )
+        self.accumulate = ipw.Checkbox(
+            value=False, description="gradients held (accumulation)", indent=False
+        )
         fields = [self.spec, self.batch_size, self.input_size, self.device, self.precision]
-        super().__init__(fields)
+        super().__init__([*fields, self.loss, self.accumulate], layout={"flex_flow": "row wrap"})
         self.add_class("remat-model")
 
     def autocast(self) -> torch.dtype | None:
         """The autocast dtype to plan under, or None for plain fp32."""
         return PRECISIONS[self.precision.value]
+
+    def step_options(self) -> dict:
+        """What the planned step is beyond the model, as Planner's keywords."""
+        return {
+            "autocast": self.autocast(),
+            "loss": LOSSES[self.loss.value],
+            "gradients_held": self.accumulate.value,
+        }
+
+    def backward_key(self) -> tuple:
+        """The choices about the backward, to tell when they changed (a new plan; the
+        precision is among `settings()`)."""
+        return (self.loss.value, self.accumulate.value)
 
     def settings(self) -> tuple[str, int, int | None, str, str]:
         """(spec, batch size, input size or None, device, precision), checked enough to build
@@ -89,7 +115,7 @@ class ModelPicker(ipw.HBox):
 
     def lock(self, label: str) -> None:
         """Show a model the caller passed in instead of a choice: its inputs are fixed too
-        (the precision stays a choice)."""
+        (the step's choices stay)."""
         self.spec.value = label
         self.spec.disabled = True
         for field in (self.batch_size, self.input_size, self.device):
