@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -51,11 +51,17 @@ class PeerPoint:
         return not math.isnan(self.step_seconds)
 
 
+def _sum_of_first(output: Any) -> torch.Tensor:
+    """The default backward's start: a scalar loss on the first output."""
+    return _first_tensor(output).float().sum()
+
+
 @dataclass
 class _Variant:
     name: str
     forward: Callable[[], Any]
     detail: str
+    loss: Callable[[Any], torch.Tensor] = _sum_of_first
 
 
 # ---------------------------------------------------------------- the model as a chain
@@ -175,6 +181,7 @@ def measure(
     repeats: int = 3,
     progress: ProgressFn | None = None,
     cancel: CancelToken | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[PeerPoint]:
     """Measure eager, checkpoint per block and checkpoint_sequential on one training step.
 
@@ -183,7 +190,9 @@ def measure(
     step under `LiveBytesTracker`, untimed because the CPU tracker slows every operator.
     Times are medians. Peaks add the static bytes (parameters, buffers, inputs) to the
     step's own peak, so they compare with a whole-step peak. On a shared CPU, fix the thread
-    count (``torch.set_num_threads(1)``) first: differences under ~10% are noise.
+    count (``torch.set_num_threads(1)``) first: differences under ~10% are noise. `loss`: the
+    step's backward starts from it, as a plan made with that loss does (default: the sum of
+    the first output).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats}")
@@ -192,6 +201,8 @@ def measure(
     with kept(model, example_inputs):
         model.train()
         variants, skipped = _variants(model, example_inputs)
+        if loss is not None:
+            variants = [replace(v, loss=loss) for v in variants]
         total = len(variants) * (repeats + 2)
         counter = _Counter(progress, total, cancel)
         variants, failed = _warm_up(variants, model, example_inputs, counter)
@@ -269,10 +280,11 @@ class _Counter:
 
 
 def _run_step(variant: _Variant, model: nn.Module, inputs: tuple) -> None:
-    """Forward, a scalar loss on the first output, backward; from no gradients each time."""
+    """Forward, the variant's loss, backward (the output held through it, as a training loop
+    holds it); from no gradients each time."""
     _clear_grads(model, inputs)
-    output = _first_tensor(variant.forward())
-    output.float().sum().backward()
+    output = variant.forward()
+    variant.loss(output).backward()
 
 
 def _warm_up(

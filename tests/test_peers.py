@@ -119,6 +119,25 @@ def test_existing_gradients_survive() -> None:
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
 
 
+def test_the_step_backpropagates_the_loss_given() -> None:
+    # catches: peers measured from the sum of the first output while the front beside them
+    # was planned with the user's loss, which here keeps a 64-times-wider tensor for its
+    # backward
+    model, inputs = _mlp()
+
+    def wide(output: torch.Tensor) -> torch.Tensor:
+        return (output.repeat(1, 64) ** 2).sum()
+
+    eager = _by_name(peers.measure(model, inputs, repeats=1, loss=wide))["eager"]
+    copy = deepcopy(model).train()
+    static = tensor_bytes([*copy.parameters(), *copy.buffers(), *inputs])
+    with LiveBytesTracker() as tracker:
+        output = copy(*inputs)
+        wide(output).backward()
+    assert eager.peak_bytes == static + tracker.peak_bytes
+    assert eager.peak_bytes > _eager_peak(model, inputs)
+
+
 def test_sequentialized_resnet_matches_the_model() -> None:
     model, inputs = _resnet18()
     chain = peers.sequentialize(model, inputs)

@@ -161,7 +161,9 @@ class Dashboard(ipw.VBox):
         if self.measure_peers:
             model, inputs = self._target
             progress(0, 1, "measuring torch.utils.checkpoint peers")
-            peer_points = peers.measure(model, inputs, progress=progress, cancel=cancel)
+            peer_points = peers.measure(
+                model, inputs, progress=progress, cancel=cancel, loss=self.planner.loss
+            )
             ui(self.pareto.set_peers, peer_points)
             not_measured = [
                 f"{p.name} ({p.detail})" for p in peer_points if math.isnan(p.step_seconds)
