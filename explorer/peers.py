@@ -62,6 +62,7 @@ class _Variant:
     forward: Callable[[], Any]
     detail: str
     loss: Callable[[Any], torch.Tensor] = _sum_of_first
+    gradients_held: bool = False  # each step starts with gradients (gradient accumulation)
 
 
 # ---------------------------------------------------------------- the model as a chain
@@ -182,6 +183,7 @@ def measure(
     progress: ProgressFn | None = None,
     cancel: CancelToken | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    gradients_held: bool = False,
 ) -> list[PeerPoint]:
     """Measure eager, checkpoint per block and checkpoint_sequential on one training step.
 
@@ -192,7 +194,8 @@ def measure(
     step's own peak, so they compare with a whole-step peak. On a shared CPU, fix the thread
     count (``torch.set_num_threads(1)``) first: differences under ~10% are noise. `loss`: the
     step's backward starts from it, as a plan made with that loss does (default: the sum of
-    the first output).
+    the first output). `gradients_held`: each step starts with the parameters' gradients (as
+    zeros), which it adds to, as under gradient accumulation; they count in its peak.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats}")
@@ -201,8 +204,9 @@ def measure(
     with kept(model, example_inputs):
         model.train()
         variants, skipped = _variants(model, example_inputs)
-        if loss is not None:
-            variants = [replace(v, loss=loss) for v in variants]
+        variants = [
+            replace(v, loss=loss or v.loss, gradients_held=gradients_held) for v in variants
+        ]
         total = len(variants) * (repeats + 2)
         counter = _Counter(progress, total, cancel)
         variants, failed = _warm_up(variants, model, example_inputs, counter)
@@ -281,8 +285,12 @@ class _Counter:
 
 def _run_step(variant: _Variant, model: nn.Module, inputs: tuple) -> None:
     """Forward, the variant's loss, backward (the output held through it, as a training loop
-    holds it); from no gradients each time."""
+    holds it); from no gradients each time, or from gradients of zeros made here."""
     _clear_grads(model, inputs)
+    if variant.gradients_held:
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.grad = torch.zeros_like(parameter)
     output = variant.forward()
     variant.loss(output).backward()
 

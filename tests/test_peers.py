@@ -138,6 +138,24 @@ def test_the_step_backpropagates_the_loss_given() -> None:
     assert eager.peak_bytes > _eager_peak(model, inputs)
 
 
+def test_held_gradients_count_in_the_peaks() -> None:
+    # catches: peers measured from no gradients beside a front planned for accumulation
+    model, inputs = _mlp()
+    held = _by_name(peers.measure(model, inputs, repeats=1, gradients_held=True))
+    fresh = _by_name(peers.measure(model, inputs, repeats=1))
+    copy = deepcopy(model).train()
+    static = tensor_bytes([*copy.parameters(), *copy.buffers(), *inputs])
+    with LiveBytesTracker() as tracker:
+        for parameter in copy.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+        output = copy(*inputs)
+        output.float().sum().backward()
+    assert held["eager"].peak_bytes == static + tracker.peak_bytes
+    for name in ("eager", *CHECKPOINTS):
+        assert held[name].peak_bytes > fresh[name].peak_bytes
+    assert all(p.grad is None for p in model.parameters())  # the model left as it was
+
+
 def test_sequentialized_resnet_matches_the_model() -> None:
     model, inputs = _resnet18()
     chain = peers.sequentialize(model, inputs)

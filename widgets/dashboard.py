@@ -162,7 +162,12 @@ class Dashboard(ipw.VBox):
             model, inputs = self._target
             progress(0, 1, "measuring torch.utils.checkpoint peers")
             peer_points = peers.measure(
-                model, inputs, progress=progress, cancel=cancel, loss=self.planner.loss
+                model,
+                inputs,
+                progress=progress,
+                cancel=cancel,
+                loss=self.planner.loss,
+                gradients_held=self.planner.gradients_held,
             )
             ui(self.pareto.set_peers, peer_points)
             not_measured = [
