@@ -36,6 +36,17 @@ def test_a_different_gradient_fails_its_row():
     ).ok
 
 
+def test_under_autocast_a_difference_passes_within_its_precision_of_the_row():
+    # a gradient that is 0 in theory (a bias before a BatchNorm) is rounding noise of the
+    # size of the others: one bf16 step of the row's largest magnitude passes, more fails
+    big, zero = torch.ones(3), torch.full((2,), 3e-4)
+    noisy = [(big, big.clone()), (zero, zero + 2e-3)]
+    assert not compare("g", noisy).ok  # fp32: per tensor, 1e-5
+    row = compare("g", noisy, precision=torch.bfloat16)
+    assert row.ok and "atol 0.00781*max" in row.note
+    assert not compare("g", [(big, big + 0.05)], precision=torch.bfloat16).ok
+
+
 def test_a_difference_passes_only_if_no_less_accurate_than_eager_against_float64():
     """A GPU's captured graph runs other kernels than eager (and TF32): neither bitwise nor
     close, it passes only where a float64 run shows it no less accurate than eager."""
