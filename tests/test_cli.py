@@ -368,6 +368,19 @@ def test_a_profile_from_before_the_moments_is_used_with_a_one_line_warning(tmp_p
     assert json.loads(path.read_text()) == older  # reused, not rewritten
 
 
+def _export_and_verify_to_the_byte(out: Path, budget: str) -> None:
+    """Export OUT/front.json's point within `budget`, then verify it from the command line:
+    it passes, and the measured peak is the predicted one."""
+    target = out / "point.py"
+    exported = cli("export", "--front", str(out / "front.json"), "--budget", budget,
+                   "--out", str(target))  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    verified = cli("verify", str(target), "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    peak = next(r for r in json.loads(verified.stdout)["rows"] if r["quantity"].startswith("peak"))
+    assert peak["measured"] == peak["predicted"]
+
+
 def test_a_sweep_for_gradient_accumulation_exports_and_verifies(tmp_path):
     # catches: --gradients-held lost between the sweep, the exported file and verify (which
     # then measures a step without them against a prediction with them)
@@ -376,14 +389,7 @@ def test_a_sweep_for_gradient_accumulation_exports_and_verifies(tmp_path):
     assert swept.returncode == 0, swept.stderr
     front = json.loads((tmp_path / "front.json").read_text())
     assert front["model"]["gradients_held"] is True
-    target = tmp_path / "held.py"
-    exported = cli("export", "--front", str(tmp_path / "front.json"), "--budget", "0.9",
-                   "--out", str(target))  # fmt: skip
-    assert exported.returncode == 0, exported.stderr
-    verified = cli("verify", str(target), "--json")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    peak = next(r for r in json.loads(verified.stdout)["rows"] if r["quantity"].startswith("peak"))
-    assert peak["measured"] == peak["predicted"]
+    _export_and_verify_to_the_byte(tmp_path, "0.9")
 
 
 def test_a_sweep_with_a_named_loss_exports_and_verifies(tmp_path):
@@ -396,14 +402,7 @@ def test_a_sweep_with_a_named_loss_exports_and_verifies(tmp_path):
     front = json.loads((tmp_path / "front.json").read_text())
     assert front["model"]["loss"] == "cross_entropy"
     assert json.loads((tmp_path / "profile.json").read_text())["loss"] == "cross_entropy"
-    target = tmp_path / "with_loss.py"
-    exported = cli("export", "--front", str(tmp_path / "front.json"), "--budget", "1.0",
-                   "--out", str(target))  # fmt: skip
-    assert exported.returncode == 0, exported.stderr
-    verified = cli("verify", str(target), "--json")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    peak = next(r for r in json.loads(verified.stdout)["rows"] if r["quantity"].startswith("peak"))
-    assert peak["measured"] == peak["predicted"]
+    _export_and_verify_to_the_byte(tmp_path, "1.0")
     again = cli("sweep", *args, "--points", "3", "--out", str(tmp_path))  # without the loss
     assert_one_line_error(again, "measured for a step with the loss cross_entropy")
 
