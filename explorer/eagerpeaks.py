@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from explorer.memory import LiveBytesTracker, requested_bytes
-from explorer.modelstate import STEP_SEED, device_of, grad_holders, kept
+from explorer.modelstate import STEP_SEED, clear_grads, device_of, kept
 
 FORWARD, BACKWARD = "forward", "backward"
 START, END = "start", "end"
@@ -145,14 +145,12 @@ def measure_eager_peaks(
     def mark(kind: str, edge: str) -> None:
         readings.append((kind, edge, *meter.read()))
 
-    holders = grad_holders(model, (args, kwargs))
     with (
         kept(model, (args, kwargs), STEP_SEED),
         dynamo_settings(),
         step_autocast(device, autocast),
     ):
-        for tensor in holders:
-            tensor.grad = None
+        clear_grads(model, (args, kwargs))
         with meter.watching():
             start, _ = meter.read()
             set_marker(mark)

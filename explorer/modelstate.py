@@ -94,6 +94,12 @@ def grad_holders(model: nn.Module, inputs: Any) -> list[torch.Tensor]:
     return [*model.parameters(), *(x for x in tensors_in(inputs) if x.is_leaf)]
 
 
+def clear_grads(model: nn.Module, inputs: Any) -> None:
+    """Start the next step without gradients: every grad holder's `.grad` set to None."""
+    for tensor in grad_holders(model, inputs):
+        tensor.grad = None
+
+
 def tensors_in(inputs: Any) -> list[torch.Tensor]:
     """Every tensor in a nest of tuples, lists and dicts (positional and keyword inputs)."""
     return [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
-from explorer.modelstate import device_of, grad_holders, kept, tensors_in
+from explorer.modelstate import clear_grads, device_of, kept, tensors_in
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 
 __all__ = ["PeerPoint", "measure", "sequentialize"]
@@ -286,7 +286,7 @@ class _Counter:
 def _run_step(variant: _Variant, model: nn.Module, inputs: tuple) -> None:
     """Forward, the variant's loss, backward (the output held through it, as a training loop
     holds it); from no gradients each time, or from gradients of zeros made here."""
-    _clear_grads(model, inputs)
+    clear_grads(model, inputs)
     if variant.gradients_held:
         for parameter in model.parameters():
             if parameter.requires_grad:
@@ -341,17 +341,9 @@ def _peaks(
     peaks = {}
     for variant in variants:
         counter.before()
-        _clear_grads(model, inputs)  # before entry: on CUDA the baseline must not hold them
+        clear_grads(model, inputs)  # before entry: on CUDA the baseline must not hold them
         with LiveBytesTracker(device) as tracker:
             _run_step(variant, model, inputs)
         peaks[variant.name] = tracker.peak_bytes
         counter.after(f"{variant.name}: memory")
     return peaks
-
-
-# ---------------------------------------------------------------- gradients
-
-
-def _clear_grads(model: nn.Module, inputs: tuple) -> None:
-    for tensor in grad_holders(model, inputs):
-        tensor.grad = None

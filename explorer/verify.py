@@ -60,8 +60,8 @@ from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.modelstate import (
     STEP_SEED,
     as_trained,
+    clear_grads,
     copy_model,
-    grad_holders,
     held_state,
     output_tensors,
     tensors_in,
@@ -508,7 +508,8 @@ def _cuda_peaks(
     peaks = []
     for model in (reference, wrapped):
         step_args, step_kwargs = _fresh_inputs(args, kwargs)
-        _clear_gradients(model, step_args, step_kwargs, held)
+        if not held:
+            clear_grads(model, (step_args, step_kwargs))
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as meter:
             training_step(model, step_args, seed, step_kwargs, loss=loss)
         peaks.append(meter)
@@ -545,13 +546,6 @@ def _peak_row(measured: int, schedule: dict) -> VerifyRow:
     return VerifyRow("peak memory (bytes)", measured, predicted, within, note)
 
 
-def _clear_gradients(model: nn.Module, args: tuple, kwargs: dict, held: bool) -> None:
-    """Start the next step as the plan does: without gradients, unless it holds them."""
-    if not held:
-        for tensor in grad_holders(model, (args, kwargs)):
-            tensor.grad = None
-
-
 def _timings(
     reference, wrapped, args, kwargs, seed, schedule, autocast, held: bool, loss
 ) -> dict[str, float]:
@@ -561,7 +555,8 @@ def _timings(
     for _ in range(TIMED_STEPS):
         for model, times in ((reference, ref_times), (wrapped, new_times)):
             step_args, step_kwargs = _fresh_inputs(args, kwargs)
-            _clear_gradients(model, step_args, step_kwargs, held)
+            if not held:  # start as the plan does: without gradients, unless it holds them
+                clear_grads(model, (step_args, step_kwargs))
 
             def step(m=model, a=step_args, k=step_kwargs) -> None:
                 training_step(m, a, seed, k, loss=loss)
