@@ -190,21 +190,58 @@ def _output_metas(node: fx.Node, device: str) -> list[TensorMeta | None]:
     return metas
 
 
+# normalizations whose CPU kernel keeps the saved statistics (outputs 1 and 2) in float32
+# when the input is bf16 or fp16 and a parameter is float32, as under autocast: target -> the
+# positions of those parameters (weight and bias; BatchNorm's running statistics too)
+_MIXED_STATS = {
+    BATCH_NORM: (1, 2, 3, 4),
+    "aten.native_layer_norm.default": (2, 3),
+    "aten.native_group_norm.default": (1, 2),
+    "aten._native_batch_norm_legit.no_stats": (1, 2),  # BatchNorm without running statistics
+}
+
+
+# backward kernels that allocate a gradient like one of their arguments (empty_like), where the
+# fake kernel promotes: target -> {output: the argument whose dtype it has}
+_LIKE_ARGUMENT = {
+    # the input's gradient like the input, the weight's and bias's like the weight
+    "aten.native_group_norm_backward.default": {0: 1, 1: 4, 2: 4},
+}
+
+
 def _kernel_dtype(node: fx.Node, index: int, value: torch.Tensor) -> torch.dtype:
-    """The dtype the kernel gives an output, where PyTorch's fake kernel says otherwise: CPU
-    BatchNorm on bf16 or fp16 input with float32 weights (autocast) saves its mean and
-    inverse deviation in float32, which the fake kernel gives the input's dtype (timm's
-    mobilenetv3 under bf16 autocast: 13 kB over the prediction, 64 bytes per layer)."""
-    if str(node.target) != BATCH_NORM or index not in (1, 2) or value.device.type != "cpu":
+    """The dtype the CPU kernel gives an output, where PyTorch's fake kernel says otherwise.
+
+    BatchNorm, LayerNorm and GroupNorm on bf16 or fp16 input with a float32 parameter (as
+    under autocast) save their mean and inverse deviation in float32, which the fake kernel
+    gives the input's dtype (timm's mobilenetv3 under bf16 autocast: 13 kB over the
+    prediction, 64 bytes per BatchNorm; a transformers LM head's LayerNorm after a bf16 GELU:
+    128 bytes). GroupNorm's backward gives the input's gradient the input's dtype, which the
+    fake kernel promotes to float32 with the statistics (twice the bytes of a bf16 input's)."""
+    if value.device.type != "cpu":
         return value.dtype
-    source, weight = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args[:2])
+    target = str(node.target)
+    like = _LIKE_ARGUMENT.get(target, {}).get(index)
+    if like is not None:
+        source = _argument_value(node, like)
+        return source.dtype if isinstance(source, torch.Tensor) else value.dtype
+    params = _MIXED_STATS.get(target)
+    if params is None or index not in (1, 2):
+        return value.dtype
+    source, *affine = (_argument_value(node, i) for i in (0, *params))
     mixed = (
         isinstance(source, torch.Tensor)
         and source.dtype in (torch.bfloat16, torch.float16)
-        and isinstance(weight, torch.Tensor)
-        and weight.dtype == torch.float32
+        and any(isinstance(p, torch.Tensor) and p.dtype == torch.float32 for p in affine)
     )
     return torch.float32 if mixed else value.dtype
+
+
+def _argument_value(node: fx.Node, position: int) -> object:
+    """The traced value of the node's positional argument (None: absent or not a node)."""
+    if position >= len(node.args) or not isinstance(node.args[position], fx.Node):
+        return None
+    return node.args[position].meta.get("val")
 
 
 def _returns_view_list(node: fx.Node) -> bool:

@@ -90,17 +90,46 @@ def test_bf16_autocast_planned_and_not(cnn):
         assert wrapped.plans[-1].how == expected
 
 
-def test_bf16_batchnorm_and_dropout_are_planned_to_the_byte_and_verified():
-    # catches: BatchNorm's saved mean and deviation counted in bf16 as PyTorch's fake kernel
-    # says, where the CPU kernel keeps them in float32 (timm's mobilenetv3 13 kB over its
-    # prediction); and verify failing a step whose only difference is the compiled dropout's
-    # rounding in bf16, which torch.compile itself has (gradients 2.2e-3 apart here, a bias
-    # before the BatchNorm whose exact gradient is 0)
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(16, 10),
+class _Tokens(nn.Module):
+    """(batch, channels, 8, 8) image features as 64 tokens of `channels` each."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(2).transpose(1, 2)
+
+
+def _bf16_normalizations(kind: str) -> nn.Module:
+    """Normalizations given bf16 input (a convolution's or GELU's under autocast) and float32
+    parameters, which the CPU kernels answer with float32 statistics."""
+    if kind == "batchnorm":
+        return nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(16, 10),
+        )  # fmt: skip
+    if kind == "batchnorm_without_affine_or_statistics":
+        return nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16, affine=False), nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16, track_running_stats=False),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+        )  # fmt: skip
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.GELU(),
+        nn.AdaptiveAvgPool2d(8), _Tokens(), nn.Linear(16, 64), nn.GELU(), nn.LayerNorm(64),
+        nn.Linear(64, 10),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kind", ["batchnorm", "batchnorm_without_affine_or_statistics", "groupnorm_and_layernorm"]
+)
+def test_bf16_normalizations_and_dropout_are_planned_to_the_byte_and_verified(kind):
+    # catches: the saved mean and deviation counted in bf16 as PyTorch's fake kernels say,
+    # where the CPU kernels keep them in float32 (timm's mobilenetv3 13 kB over its prediction;
+    # a transformers LM head's LayerNorm after a bf16 GELU 128 bytes); and verify failing a
+    # step whose only difference is the compiled dropout's rounding in bf16, which
+    # torch.compile itself has (gradients 2.2e-3 apart here, a bias before the BatchNorm whose
+    # exact gradient is 0)
+    torch.manual_seed(0)
+    model = _bf16_normalizations(kind)
     plan = explorer.Planner(model, (torch.randn(4, 3, 16, 16),), autocast=torch.bfloat16)
     points = plan.sweep(points=3).points
     assert len(points) >= 2
