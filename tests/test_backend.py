@@ -781,3 +781,32 @@ def test_layers_the_user_froze_in_eval_mode_stay_so_and_are_planned_so(tmp_path)
     wrapped(x).sum().backward()
     assert [p.how for p in wrapped.plans] == [EXACT]  # planned for the frozen layers
     assert all(torch.equal(a, b) for a, b in zip(before, wrapped.model.buffers(), strict=True))
+
+
+class _IntoSlice(nn.Module):
+    """Writes a layer's output into a slice of a larger zeroed buffer, as models shift or pad
+    sequences; functionalized, `aten.copy` into the slice, which makes the whole buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.outer = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        buffer = x.new_zeros(x.shape[0], 4 * length, 16)
+        buffer[:, 1 : 1 + length] = self.inner(x).relu()
+        return self.outer(buffer).relu()
+
+
+def test_a_copy_into_a_slice_is_counted_as_the_whole_buffer_it_makes():
+    # catches: the copy counted as the slice's span (its traced value), where the kernel
+    # returns that slice of a copy of the whole buffer (BART's shifted decoder inputs 8 bytes
+    # over; here 1,536 bytes at the copy)
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16)
+    plan = explorer.Planner(_IntoSlice(), (x,))
+    for point in plan.sweep(points=3).points:
+        rows = live_bytes_by_operator(plan, point.schedule, (x,))
+        assert any(row[0] == "copy" for row in rows)
+        wrong = [row for row in rows if row[1] != row[2]]
+        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
