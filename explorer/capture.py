@@ -211,6 +211,7 @@ def capture(
             "an nn.LSTM/nn.GRU with nothing around it)"
         )
     _refuse_checkpointed_batch_norm(captured)
+    _refuse_sparse_tensors(captured)
     outputs = output_tensors(result)
     known = [*tensors_in((args, kwargs)), *held_tensors(model)]
     _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
@@ -237,6 +238,23 @@ def _refuse_checkpointed_batch_norm(captured: list[CapturedGraph]) -> None:
                     "planned step once: turn that checkpointing off (remat-explorer chooses what "
                     "to recompute)"
                 )
+
+
+def _refuse_sparse_tensors(captured: list[CapturedGraph]) -> None:
+    """Refuse a step whose graphs make sparse tensors (the gradient of an
+    nn.Embedding(sparse=True)): their bytes are not a strided span, and the plan and its
+    memory accounting count dense tensors only (such a step failed while profiling, with
+    PyTorch's own error)."""
+    for graph in captured:
+        for node in graph.joint.graph.nodes:
+            values = node.meta.get("val")
+            for value in values if isinstance(values, (tuple, list)) else [values]:
+                if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+                    raise UserError(
+                        f"cannot plan this step: it makes a {value.layout} tensor "
+                        f"({node.target}; an nn.Embedding(sparse=True)'s gradient is one), and "
+                        "remat-explorer plans dense tensors only: use sparse=False"
+                    )
 
 
 def _first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:

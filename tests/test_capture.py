@@ -239,3 +239,10 @@ def test_what_the_frames_hold_is_read_through_containers_and_objects():
     held = outer()
     assert sorted(h.nbytes for h in held) == [12, 20, 40]
     assert not any(h.alive for h in held)  # their frames have returned
+
+
+def test_a_sparse_gradient_is_refused_in_one_line():
+    # an nn.Embedding(sparse=True) failed while profiling with PyTorch's own error
+    model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 3))
+    with pytest.raises(UserError, match=r"sparse_coo tensor .*sparse=False"):
+        capture(model, (torch.randint(0, 50, (2, 5)),))
