@@ -183,7 +183,7 @@ def _backward_bytes(chain: Chain, stage: Stage) -> list[int]:
 
 
 def _signature(graph: Graph, stage: Stage, index: dict[ValueRef, int]) -> str:
-    """Same signature = same operators, shapes and wiring: one solve serves both stages."""
+    """Same signature = same operators, shapes, bytes and wiring: one solve serves both stages."""
     local_names = {name: k for k, name in enumerate(stage.forward + stage.backward)}
     parts = []
     for name in stage.forward + stage.backward:
@@ -202,7 +202,7 @@ def _signature(graph: Graph, stage: Stage, index: dict[ValueRef, int]) -> str:
                 node.phase,
                 re.sub(r"0x[0-9a-f]+", "", node.consts),
                 ins,
-                [(m.shape, m.dtype, m.alias_of) if m else None for m in node.outputs],
+                [(m.shape, m.dtype, m.nbytes, m.alias_of) if m else None for m in node.outputs],
             )
         )
     parts.append(sorted(index.values()))

@@ -22,7 +22,7 @@ from pathlib import Path
 from explorer.errors import UserError
 from explorer.files import read_json, write_atomic
 
-FORMAT = 2  # 2: a step's end counts one gradient layout copy, not all (bounds differ)
+FORMAT = 3  # 3: stage signatures count output bytes (a copy into a slice makes its base)
 
 
 def digest(data: object) -> str:
