@@ -129,11 +129,14 @@ def measure_eager_peaks(
     runs: int,
     autocast: torch.dtype | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    gradients_held: bool = False,
 ) -> list[EagerPeaks]:
     """One training step of `runtime` (the capture's compiled step, without recomputation,
     already run once so that nothing compiles now), from no gradients (`kept` puts the
     model's back), with `set_marker(mark)` making the runtime call `mark(kind, edge)` at every
-    graph run's forward and backward start and end."""
+    graph run's forward and backward start and end. `gradients_held`: the step measured
+    starts with the gradients of one before it, as in gradient accumulation (autograd then
+    adds into them and copies none laid out otherwise than their parameters)."""
     # the runtime's modules import this one (for EagerPeaks): these come in when measuring
     from explorer.backend import dynamo_settings
     from explorer.verify import step_autocast, training_step
@@ -145,19 +148,22 @@ def measure_eager_peaks(
     def mark(kind: str, edge: str) -> None:
         readings.append((kind, edge, *meter.read()))
 
+    def step() -> None:
+        training_step(lambda *a, **k: runtime(model, *a, **k), args, STEP_SEED, kwargs, loss=loss)
+
     with (
         kept(model, (args, kwargs), STEP_SEED),
         dynamo_settings(),
         step_autocast(device, autocast),
     ):
         clear_grads(model, (args, kwargs))
+        if gradients_held:  # the gradients a step before it left
+            step()
         with meter.watching():
             start, _ = meter.read()
             set_marker(mark)
             try:
-                training_step(
-                    lambda *a, **k: runtime(model, *a, **k), args, STEP_SEED, kwargs, loss=loss
-                )
+                step()
             finally:
                 set_marker(None)
             readings.append(("", "", *meter.read()))

@@ -165,6 +165,7 @@ class Planner:
                 len(runs),
                 autocast=self.autocast,
                 loss=self.loss,
+                gradients_held=self.gradients_held,
             )
             profiles = [replace(p, eager=e) for p, e in zip(profiles, peaks, strict=True)]
             first = profiles[0]
@@ -174,6 +175,7 @@ class Planner:
                 first.device_name,
                 step_times=times,
                 loss=loss_name(self.loss),
+                gradients_held=self.gradients_held,
             )
         return self._profile
 
@@ -218,11 +220,16 @@ class Planner:
             # a step of one graph is that graph's simulation, eager moments and all; a graph
             # of several plans its own operators, and the step's timeline adds each run's
             single = len(graphs) == 1
+            copies = not self.gradients_held  # autograd adds into held gradients in place
             solvers = [
                 make_solver(
                     self.solver_name,
                     graphs[k],
-                    profile.graphs[k] if single else replace(profile.graphs[k], eager=EagerPeaks()),
+                    replace(
+                        profile.graphs[k],
+                        eager=profile.graphs[k].eager if single else EagerPeaks(),
+                        layout_copies=copies,
+                    ),
                     time_limit=time_limit,
                     max_stages=self.max_stages,
                     progress=progress,

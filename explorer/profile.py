@@ -48,6 +48,10 @@ class Profile:
     # what code outside the graphs holds for a moment around this run (a profile lists a
     # graph once per run of it in the step; explorer.eagerpeaks)
     eager: EagerPeaks = field(default_factory=EagerPeaks)
+    # set by the planner, neither measured nor saved: False when every step starts with the
+    # gradients of the one before, which autograd adds to in place and never copies
+    # (Planner(gradients_held=True); explorer.graph.Graph.grad_copy_bytes)
+    layout_copies: bool = True
 
     def time_of(self, node: str) -> float:
         return self.seconds.get(node, 0.0)
@@ -89,6 +93,10 @@ class StepProfile:
     torch_version: str = torch.__version__
     step_times: StepTimes | None = None
     loss: str | None = None  # the name of the loss the step backpropagated (Planner(loss=...))
+    # the moments were measured on a step that starts with gradients (Planner(gradients_held=
+    # True)): then autograd copies none after the backward; a plan either way may use either
+    # profile (a plan that holds them, with one that does not, counts a copy never made)
+    gradients_held: bool = False
 
     @property
     def runtime_factor(self) -> float:
@@ -113,6 +121,7 @@ class StepProfile:
             "graphs": [p.to_dict() for p in self.graphs],
             "step_times": asdict(self.step_times) if self.step_times is not None else None,
             "loss": self.loss,
+            "gradients_held": self.gradients_held,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -139,6 +148,7 @@ class StepProfile:
                 torch_version=str(data.get("torch_version", "")),
                 step_times=_step_times(data.get("step_times")),
                 loss=None if data.get("loss") is None else str(data["loss"]),
+                gradients_held=bool(data.get("gradients_held", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: not a valid profile ({type(exc).__name__}: {exc})") from exc

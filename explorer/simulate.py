@@ -117,6 +117,7 @@ def simulate(
     workspace: dict[str, int] | None = None,
     held_elsewhere: frozenset[str] = frozenset(),
     eager: EagerPeaks | None = None,
+    layout_copies: bool = True,
 ) -> Timeline:
     """Memory timeline of one graph's step under `program` (see explorer.step for a step made
     of several graphs).
@@ -124,7 +125,9 @@ def simulate(
     `workspace` (from a CUDA profile) adds each operator's scratch memory while it runs.
     `held_elsewhere`: transient inputs that an earlier graph (their maker, or another reader)
     counts while this graph needs them (explorer.step): zero bytes here. `eager`: what code
-    outside the graph holds for a moment around it (module docstring)."""
+    outside the graph holds for a moment around it (module docstring). `layout_copies`: False
+    when the step starts with gradients, which autograd adds to in place, copying none
+    (Graph.grad_copy_bytes)."""
     workspace = workspace or {}
     eager = eager or EagerPeaks()
     mem = _Storages()
@@ -170,7 +173,7 @@ def simulate(
     grads.discard(None)
     returned = sum(mem.bytes_of[sid] for sid in grads if mem.refs[sid] > 0)
     timeline.user_bytes = mem.live - timeline.static_bytes - returned
-    copy = graph.grad_copy_bytes()
+    copy = graph.grad_copy_bytes() if layout_copies else 0
     if copy:
         timeline.steps.append(mem.live + copy)
         timeline.labels.append("autograd: gradient layout copy")

@@ -154,13 +154,16 @@ class Solver:
             sorted(profile.seconds.items()),
             sorted(profile.workspace.items()),
             profile.eager.to_dict(),
+            profile.layout_copies,
         ]
         self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
         order = backward_order(graph, [stage.backward for stage in self.chain.stages])
         pinned = {ref[0] for ref in self.chain.pinned}
         self.space = Space(graph, order, pinned)
-        facts = step_facts(graph, order, profile.workspace, profile.eager.after_forward)
+        facts = step_facts(
+            graph, order, profile.workspace, profile.eager.after_forward, profile.layout_copies
+        )
         self.milp = StepMilp(self.space, facts, self.seconds)
         self.refine_seconds = refine_seconds
         self.refine_left = float("inf") if refine_total is None else refine_total
@@ -577,7 +580,9 @@ def evaluate(
     problem = check_program(graph, program)
     if problem is not None:
         raise RuntimeError(f"internal error: schedule does not run: {problem}")
-    timeline = simulate(graph, program, profile.workspace, eager=profile.eager)
+    timeline = simulate(
+        graph, program, profile.workspace, eager=profile.eager, layout_copies=profile.layout_copies
+    )
     schedule.predicted_peak_bytes = timeline.peak_bytes
     names = [name for i in program.forward + program.backward for name in i.parts]
     schedule.predicted_seconds = sum(profile.time_of(n) for n in names)

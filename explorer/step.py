@@ -81,13 +81,17 @@ def step_timeline(
     workspace: list[dict[str, int]] | None = None,
     handoffs: list[Handoff] | None = None,
     moments: list[EagerPeaks] | None = None,
+    layout_copies: bool = True,
 ) -> Timeline:
     """Bytes alive after each operator of the whole step (see the module docstring), and at
-    the highest moments of code outside the graphs (`moments`, per run: explorer.eagerpeaks)."""
+    the highest moments of code outside the graphs (`moments`, per run: explorer.eagerpeaks).
+    `layout_copies`: False when the step starts with gradients (explorer.simulate)."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
     moments = moments or [EagerPeaks()] * len(graphs)
-    lines, programs = _graph_timelines(graphs, schedules, workspace, handoffs, moments)
+    lines, programs = _graph_timelines(
+        graphs, schedules, workspace, handoffs, moments, layout_copies
+    )
     eager = [h.eager for h in handoffs]
     if len(lines) == 1 and lines[0].static_bytes == static_bytes and eager[0] == EagerCode():
         return lines[0]
@@ -131,6 +135,7 @@ def _graph_timelines(
     workspace: list[dict[str, int]],
     handoffs: list[Handoff],
     moments: list[EagerPeaks],
+    layout_copies: bool,
 ) -> tuple[list[Timeline], list[StepProgram]]:
     """Each graph's own simulation, a handed-over tensor counted by one graph only, and each
     graph's program."""
@@ -156,7 +161,7 @@ def _graph_timelines(
             read.add((j, ref))
             if program.slot_of[(name, 0)] in saves:
                 saved.add((j, ref))
-        lines.append(simulate(graph, program, workspace[k], held, moments[k]))
+        lines.append(simulate(graph, program, workspace[k], held, moments[k], layout_copies))
     return lines, programs
 
 
@@ -266,6 +271,7 @@ class StepSolver:
         self.workspace = workspace
         self.handoffs = handoffs
         self.moments = moments  # per run (explorer.eagerpeaks)
+        self.gradients_held = gradients_held
         self.fingerprint = "+".join(g.fingerprint() for g in graphs)
         handed = handoffs or [Handoff()] * len(graphs)
         grads = sum(
@@ -332,7 +338,13 @@ class StepSolver:
     def timeline(self, schedules: list[GraphSchedule]) -> Timeline:
         """Bytes alive after each operator of the step, one schedule per graph."""
         return step_timeline(
-            self.graphs, schedules, self.static_bytes, self.workspace, self.handoffs, self.moments
+            self.graphs,
+            schedules,
+            self.static_bytes,
+            self.workspace,
+            self.handoffs,
+            self.moments,
+            layout_copies=not self.gradients_held,
         )
 
     def minimum(self) -> Schedule:

@@ -66,9 +66,14 @@ class StepFacts:
 
 
 def step_facts(
-    graph: Graph, order: list[str], workspace: dict[str, int] | None = None, after_forward: int = 0
+    graph: Graph,
+    order: list[str],
+    workspace: dict[str, int] | None = None,
+    after_forward: int = 0,
+    layout_copies: bool = True,
 ) -> StepFacts:
-    """Split the step's memory into fixed parts and forward storages (see module docstring)."""
+    """Split the step's memory into fixed parts and forward storages (see module docstring).
+    `layout_copies`: as in explorer.simulate.simulate."""
     workspace = workspace or {}
     forward = [n.name for n in graph.nodes if n.phase in (FORWARD, EFFECT)]
     fpos = {name: p for p, name in enumerate(forward)}
@@ -105,7 +110,7 @@ def step_facts(
     base = static + tangents + outputs_bytes
     before = [base + b for b in backward_before]
     at = [base + b + workspace.get(name, 0) for b, name in zip(backward_at, order, strict=True)]
-    end = base + kept_to_end + graph.grad_copy_bytes()
+    end = base + kept_to_end + (graph.grad_copy_bytes() if layout_copies else 0)
     return StepFacts(
         graph=graph,
         order=order,
