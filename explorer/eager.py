@@ -190,12 +190,26 @@ def _saved_tensors(node: Any) -> list[torch.Tensor]:
         if not name.startswith("_saved_"):
             continue
         try:
-            value = getattr(node, name)
+            values = _held_for(node, name)
         except RuntimeError:  # released already
             continue
-        values = value if isinstance(value, (list, tuple)) else [value]
         found += [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]
     return found
+
+
+def _held_for(node: Any, name: str) -> list:
+    """What the node holds for its saved field `name`. A field packed by saved-tensor hooks
+    holds what the pack hook returned, read without unpacking: torch.utils.checkpoint's is a
+    placeholder, and unpacking it recomputes the region, whose tensors are freed in the step
+    (counted as saved, a checkpointed region run eagerly was 19% over its measured peak;
+    transformers' T5 with gradient checkpointing 13 to 15%)."""
+    raw = getattr(node, "_raw" + name, None)
+    raws = raw if isinstance(raw, (list, tuple)) else [raw]
+    if any(getattr(r, "unpack_hook", None) is not None for r in raws):
+        packed = [getattr(r, "data", None) for r in raws]
+        return [t for p in packed for t in (p if isinstance(p, (list, tuple)) else [p])]
+    value = getattr(node, name)
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _bytes(tensor: torch.Tensor) -> int:
