@@ -166,10 +166,9 @@ def _fresh_bytes(node: fx.Node, value: torch.Tensor) -> int:
     (`aten.copy`, functionalization's form of `x[:, 1:] = y`) returns that view of a copy of
     the view's whole base, where the traced value spans the view only (BART's shifted decoder
     inputs: 128 bytes made, 120 traced; copying into a slice of a large buffer, the buffer)."""
-    if str(node.target) == COPY and node.args and isinstance(node.args[0], fx.Node):
-        destination = node.args[0].meta.get("val")
-        if isinstance(destination, torch.Tensor) and value.numel():
-            return max(_storage_bytes(value), destination.untyped_storage().nbytes())
+    destination = _argument_value(node, 0) if str(node.target) == COPY else None
+    if isinstance(destination, torch.Tensor) and value.numel():
+        return max(_storage_bytes(value), destination.untyped_storage().nbytes())
     return _storage_bytes(value)
 
 
