@@ -283,6 +283,7 @@ def _handoffs(
     user = {storage_address(t) for t in known} | {storage_address(t) for t in results}
     saved = saved_by_eager_code(results)
     held_at = [{held.address for held in graph.frames} for graph in captured]
+    reads = [{storage_address(t) for t in graph.primals} for graph in captured]
     for k, graph in enumerate(captured):
         primal_nodes = _primal_nodes(graph)
         transient = frozenset(
@@ -299,6 +300,35 @@ def _handoffs(
             storage: (j, ref)
             for j, earlier in enumerate(captured[:k])
             for ref, storage in _tensor_outputs(earlier)
+        }
+        first_reader = {}  # storage: the first graph to read it, and its name there
+        for j, earlier in reversed(list(enumerate(captured[:k]))):
+            names = [n.name for n in _primal_nodes(earlier)]
+            first_reader |= {
+                storage_address(t): (j, n) for n, t in zip(names, earlier.primals, strict=True)
+            }
+        read_earlier = tuple(
+            (node.name, *first_reader[storage_address(value)])
+            for node, value in zip(primal_nodes, graph.primals, strict=True)
+            if node.name in transient
+            and storage_address(value) not in made
+            and storage_address(value) in first_reader
+        )
+        read_earlier_names = {name for name, _, _ in read_earlier}
+        # made by eager code, counted here (the first graph to read it): as for a dropped
+        # output, the frames may let go of one before the step's forward ends, once no later
+        # graph reads it (not a leaf that asks for its gradient: autograd holds that one)
+        made_by_eager = [
+            ((node.name, 0), storage_address(value))
+            for node, value in zip(primal_nodes, graph.primals, strict=True)
+            if node.name in transient
+            and node.name not in read_earlier_names
+            and storage_address(value) not in made
+            and not (value.is_leaf and value.requires_grad)
+        ]
+        last_read = {
+            storage: max(j for j, g in enumerate(captured) if storage in reads[j])
+            for _, storage in made_by_eager
         }
         sources = tuple(
             (node.name, *made[storage_address(value)])
@@ -325,7 +355,11 @@ def _handoffs(
                 if node.role == ROLE_PARAM and storage_address(value) in later
             ),
             dropped=frozenset(ref for ref, _ in dropped),
-            released=tuple(_released(dropped, held_at, k, saved)),
+            released=(
+                *_released(dropped, held_at, k, saved),
+                *_released(made_by_eager, held_at, k, saved, last_read),
+            ),
+            read_earlier=read_earlier,
         )
 
 
@@ -348,14 +382,20 @@ def _attach_eager_code(
 
 
 def _released(
-    dropped: list[tuple[ValueRef, int]], held_at: list[set[int]], run: int, saved: set[int]
+    dropped: list[tuple[ValueRef, int]],
+    held_at: list[set[int]],
+    run: int,
+    saved: set[int],
+    last_read: dict[int, int] | None = None,
 ) -> list[tuple[ValueRef, int]]:
-    """Of `run`'s outputs that neither the user nor a later graph holds, those that no frame
-    held as a later run started (`held_at`: the storages they held), each with the first such
-    run; not those eager code saved (autograd keeps them)."""
+    """Of `run`'s outputs that neither the user nor a later graph holds (or its inputs that
+    eager code made, `last_read`: the last run to read each), those that no frame held as a
+    later run (after the last to read it) started (`held_at`: the storages they held), each
+    with the first such run; not those eager code saved (autograd keeps them)."""
     found = []
+    last_read = last_read or {}
     for ref, storage in dropped:
-        later = range(run + 1, len(held_at))
+        later = range(max(run, last_read.get(storage, run)) + 1, len(held_at))
         first = next((k for k in later if storage not in held_at[k]), None)
         if first is not None and storage not in saved:
             found.append((ref, first))

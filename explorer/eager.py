@@ -24,14 +24,16 @@ operator passes on unchanged to two places (`a + b`).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from typing import Any
 
 import torch
+from torch._C._autograd import SavedTensor
 
-from explorer.frames import Held
+from explorer.frames import DEPTH, Held
 from explorer.graph import ValueRef
-from explorer.modelstate import storage_address
+from explorer.modelstate import reachable_tensors, storage_address
 from explorer.program import EagerCode
 
 COMPILED = "CompiledFunctionBackward"  # the autograd node of one run of a compiled graph
@@ -48,7 +50,7 @@ def eager_code(
     `runs`: the values each run read or returned, by their name in its graph; `outputs`: the
     step's output tensors; `known`: the model's tensors and the step's inputs; `frames`: what
     the model's frames held as each run started (explorer.frames)."""
-    ran, eager = _autograd_nodes(outputs)
+    ran, eager, leaves = _autograd_nodes(outputs)
     made = [_made(node) for node in ran]
     graph_tensors: dict[int, tuple[int, ValueRef]] = {}  # storage: the first run with it
     for k, values in enumerate(runs):
@@ -92,6 +94,7 @@ def eager_code(
                         found[-1].backward += _bytes(target.variable)
     _waiting(found, ran, placed)
     _eager_outputs(found, made, outputs, state | set(graph_tensors))
+    _leaves_graphs_read(found, leaves, runs, held)
     for run, held_then in enumerate(frames):  # beyond what is counted elsewhere by then
         for storage in held_then:
             first = graph_tensors.get(storage.address, (run + 1, None))[0]
@@ -107,7 +110,7 @@ def eager_code(
 
 def saved_by_eager_code(outputs: list[torch.Tensor]) -> set[int]:
     """The storages (addresses) eager code behind `outputs` saved for its backward."""
-    _, eager = _autograd_nodes(outputs)
+    _, eager, _ = _autograd_nodes(outputs)
     return {storage_address(t) for node in eager for t in _saved_tensors(node)}
 
 
@@ -157,10 +160,36 @@ def _eager_outputs(
             found[-1].backward += _bytes(tensor)
 
 
-def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[Any], list[Any]]:
+def _leaves_graphs_read(
+    found: list[EagerCode],
+    leaves: list[torch.Tensor],
+    runs: list[list[tuple[ValueRef, torch.Tensor]]],
+    held: set[int],
+) -> None:
+    """Tensors the step makes as leaves that ask for a gradient, read by a graph (transformers'
+    T5 under gradient checkpointing makes its cross-attention's zero position bias one): the
+    graph counts one as its input through the forward, but autograd holds it to the step's
+    end, with the gradient it accumulates from the backward of the last graph to read it.
+    (Left out, T5's step was 2,048 bytes under the prediction through the backward, 4,096
+    after that graph's.)"""
+    for leaf in leaves:
+        storage = storage_address(leaf)
+        readers = [
+            k
+            for k, values in enumerate(runs)
+            if any(storage_address(tensor) == storage for _, tensor in values)
+        ]
+        if storage in held or not readers:
+            continue
+        found[-1].backward += leaf.untyped_storage().nbytes()
+        found[readers[-1]].grads += _bytes(leaf)
+
+
+def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[Any], list[Any], list[Any]]:
     """The autograd nodes behind `outputs` of the graphs' runs and of eager code (neither a
-    run nor a gradient's accumulation), each in the order the forward made them."""
-    ran, eager = [], []
+    run nor a gradient's accumulation), each in the order the forward made them, and the
+    leaves whose gradients are accumulated."""
+    ran, eager, leaves = [], [], []
     seen: set[Any] = set()
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
     while stack:
@@ -171,9 +200,11 @@ def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[Any], list[Any]]:
         stack += [n for n, _ in node.next_functions if n is not None]
         if type(node).__name__ == COMPILED:
             ran.append(node)
-        elif not hasattr(node, "variable"):
+        elif hasattr(node, "variable"):
+            leaves.append(node.variable)
+        else:
             eager.append(node)
-    return sorted(ran, key=_made), sorted(eager, key=_made)
+    return sorted(ran, key=_made), sorted(eager, key=_made), leaves
 
 
 def _made(node: Any) -> int:
@@ -207,9 +238,44 @@ def _held_for(node: Any, name: str) -> list:
     raws = raw if isinstance(raw, (list, tuple)) else [raw]
     if any(getattr(r, "unpack_hook", None) is not None for r in raws):
         packed = [getattr(r, "data", None) for r in raws]
-        return [t for p in packed for t in (p if isinstance(p, (list, tuple)) else [p])]
+        held = [t for p in packed for t in (p if isinstance(p, (list, tuple)) else [p])]
+        return held + [t for r in raws for t in _kept_to_recompute(r.unpack_hook)]
     value = getattr(node, name)
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _kept_to_recompute(unpack_hook: Any) -> list[torch.Tensor]:
+    """The inputs a torch.utils.checkpoint region keeps until its backward recomputes it:
+    its frame (`frame` in the unpack hook's closure) saves the positional ones and its
+    recompute function's closure holds the function (a `functools.partial`, as transformers'
+    layers pass their keyword arguments) and the keyword arguments. Nothing for other hooks.
+    (Left out, the region's input was 2,048 bytes under what transformers' T5 with gradient
+    checkpointing held.)"""
+    frame = _closure(unpack_hook).get("frame")
+    saved_args = getattr(frame, "saved_args", None)
+    if not isinstance(saved_args, list):
+        return []
+    values: list[Any] = [a.unpack() if isinstance(a, SavedTensor) else a for a in saved_args]
+    recompute = _closure(getattr(frame, "recompute_fn", None))
+    function = recompute.get("fn")
+    if isinstance(function, functools.partial):
+        values += [list(function.args), function.keywords]
+    values.append(recompute.get("kwargs", {}))
+    return reachable_tensors(values, DEPTH)
+
+
+def _closure(function: Any) -> dict[str, Any]:
+    """A Python function's closure variables by name ({} for anything else)."""
+    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None)
+    if code is None or not cells:
+        return {}
+    found = {}
+    for name, cell in zip(code.co_freevars, cells, strict=True):
+        try:
+            found[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    return found
 
 
 def _bytes(tensor: torch.Tensor) -> int:

@@ -131,7 +131,11 @@ class Handoff:
     nor eager code saved, when a later graph (its number in the step) started: freed before
     that graph's forward instead. `kept_by_eager`: this graph's tensors that eager code before
     it saves (`EagerCode.kept`): where this backward reads one, it stays to this backward's
-    end (autograd holds it for that code's backward, which runs next).
+    end (autograd holds it for that code's backward, which runs next). `read_earlier`:
+    transient inputs that eager code made and an earlier graph read too (T5's position bias,
+    read by every layer's graph), each with the first graph to read it and its name there:
+    that graph counts it through the forward, and through its own backward (which runs after
+    this one's) where it saves it.
     `eager`: what the model's eager code around this graph leaves to the step."""
 
     transient_inputs: frozenset[str] = frozenset()
@@ -145,6 +149,7 @@ class Handoff:
     dropped: frozenset[ValueRef] = frozenset()
     released: tuple[tuple[ValueRef, int], ...] = ()
     kept_by_eager: frozenset[ValueRef] = frozenset()
+    read_earlier: tuple[tuple[str, int, str], ...] = ()
 
 
 @dataclass

@@ -143,19 +143,28 @@ def _graph_timelines(
     programs = []
     read: set[tuple[int, ValueRef]] = set()  # handed-over tensors an earlier graph reads
     saved: set[tuple[int, ValueRef]] = set()  # ... and saves for its backward
+    programs_saves: list[set[int]] = []  # each graph's transient inputs its backward reads
     for k, (graph, schedule) in enumerate(zip(graphs, schedules, strict=True)):
         program = compile_program(graph, schedule, handoffs[k])
         programs.append(program)
         saves = set(program.transient_slots) - set(program.frame_held)
+        programs_saves.append(saves)
         # an input that an earlier graph keeps for its own backward (which runs after this
         # graph's) is alive all through this graph: that graph counts it; so is one an earlier
-        # reader holds through the forward, unless this graph alone saves it
+        # reader holds through the forward, unless this graph alone saves it (as is one eager
+        # code made and an earlier graph read, which that graph counts through its backward
+        # too where it saves it)
         held = frozenset(
             name
             for name, j, ref in handoffs[k].sources
             if programs[j].slot_of.get(ref) in lines[j].kept_passed_on
             or (j, ref) in saved
             or ((j, ref) in read and program.slot_of[(name, 0)] not in saves)
+        ) | frozenset(
+            name
+            for name, j, first in handoffs[k].read_earlier
+            if program.slot_of[(name, 0)] not in saves
+            or programs[j].slot_of[(first, 0)] in programs_saves[j]
         )
         for name, j, ref in handoffs[k].sources:
             read.add((j, ref))
