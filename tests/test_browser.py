@@ -43,7 +43,7 @@ SELECTED_AT = f"x => ({PLOT_DATA})('.remat-pareto')[3].x[0] === x"
 TIMELINE_CHANGED = f"""before => JSON.stringify(({PLOT_DATA})('.remat-timeline')[1].y)
     !== JSON.stringify(before)"""
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.serial]  # timeouts: alone (scripts/test.sh)
 
 
 @pytest.fixture

@@ -26,6 +26,8 @@ from explorer.solvers import cbc
 from explorer.solvers.refine import Refiner
 from explorer.solvers.registry import make_solver
 
+pytestmark = pytest.mark.serial  # timed searches: alone, after the others (scripts/test.sh)
+
 
 def _spine():
     """x -> a (64 B, 1 s) -> b (64 B, 3 s) -> c (64 B, 2 s) -> d (4 B); each saves its input.

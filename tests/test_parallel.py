@@ -22,7 +22,10 @@ from explorer.solvers.milp import MilpResult
 from explorer.solvers.refine import Refiner
 from explorer.solvers.registry import make_solver
 
-pytestmark = pytest.mark.skipif(not worker.available(), reason="needs fork and two cores")
+pytestmark = [
+    pytest.mark.skipif(not worker.available(), reason="needs fork and two cores"),
+    pytest.mark.serial,  # two processes on two cores: alone (scripts/test.sh)
+]
 
 
 @pytest.fixture(scope="module")

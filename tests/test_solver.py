@@ -56,6 +56,8 @@ from explorer.sweep import (
     wide_holes,
 )
 
+pytestmark = pytest.mark.serial  # timed searches: alone, after the others (scripts/test.sh)
+
 
 @pytest.fixture(scope="module")
 def cnn():

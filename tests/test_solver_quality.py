@@ -13,6 +13,8 @@ from helpers import planner
 from explorer.solvers.registry import make_solver
 from explorer.sweep import sweep_budgets
 
+pytestmark = pytest.mark.serial  # timed searches: alone, after the others (scripts/test.sh)
+
 SMALL = [("sample:tiny_cnn", 4, 16), ("bench.small_graphs:mini_resnet", 4, 32)]
 
 
