@@ -203,7 +203,9 @@ def test_every_budget_is_kept_when_the_schedule_really_runs(cnn, tmp_path):
     assert low < high
     for budget in (low, (low + high) // 2):
         schedule = cnn.solve(budget)
-        assert schedule.predicted_overhead > 0.0
+        # it recomputes (its overhead against eager also holds the runtime's factor, a timing
+        # that read 0.87 once on a busy machine: -8%)
+        assert schedule.predicted_seconds > solver.baseline.predicted_seconds
         report = schedule.verify(path=tmp_path / f"s{budget}.py")
         rows = {r.quantity: r for r in report.rows}
         assert rows["parameter gradients"].ok, report.format_table()
