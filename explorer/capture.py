@@ -283,7 +283,12 @@ def _handoffs(
     user = {storage_address(t) for t in known} | {storage_address(t) for t in results}
     saved = saved_by_eager_code(results)
     held_at = [{held.address for held in graph.frames} for graph in captured]
-    reads = [{storage_address(t) for t in graph.primals} for graph in captured]
+    first_read: dict[int, tuple[int, str]] = {}  # storage: the first run to read it, its name
+    last_read: dict[int, int] = {}  # storage: the last run to read it
+    for j, graph in enumerate(captured):
+        for node, value in zip(_primal_nodes(graph), graph.primals, strict=True):
+            first_read.setdefault(storage_address(value), (j, node.name))
+            last_read[storage_address(value)] = j
     for k, graph in enumerate(captured):
         primal_nodes = _primal_nodes(graph)
         transient = frozenset(
@@ -301,35 +306,25 @@ def _handoffs(
             for j, earlier in enumerate(captured[:k])
             for ref, storage in _tensor_outputs(earlier)
         }
-        first_reader = {}  # storage: the first graph to read it, and its name there
-        for j, earlier in reversed(list(enumerate(captured[:k]))):
-            names = [n.name for n in _primal_nodes(earlier)]
-            first_reader |= {
-                storage_address(t): (j, n) for n, t in zip(names, earlier.primals, strict=True)
-            }
+        by_eager = [  # transient inputs eager code made
+            (node.name, value)
+            for node, value in zip(primal_nodes, graph.primals, strict=True)
+            if node.name in transient and storage_address(value) not in made
+        ]
         read_earlier = tuple(
-            (node.name, *first_reader[storage_address(value)])
-            for node, value in zip(primal_nodes, graph.primals, strict=True)
-            if node.name in transient
-            and storage_address(value) not in made
-            and storage_address(value) in first_reader
+            (name, *first_read[storage_address(value)])
+            for name, value in by_eager
+            if first_read[storage_address(value)][0] < k
         )
-        read_earlier_names = {name for name, _, _ in read_earlier}
-        # made by eager code, counted here (the first graph to read it): as for a dropped
-        # output, the frames may let go of one before the step's forward ends, once no later
-        # graph reads it (not a leaf that asks for its gradient: autograd holds that one)
-        made_by_eager = [
-            ((node.name, 0), storage_address(value))
-            for node, value in zip(primal_nodes, graph.primals, strict=True)
-            if node.name in transient
-            and node.name not in read_earlier_names
-            and storage_address(value) not in made
+        # counted here, by the first graph to read it: as for a dropped output, the frames
+        # may let go of one before the step's forward ends, once no later graph reads it
+        # (not a leaf that asks for its gradient: autograd holds that one)
+        first_here = [
+            ((name, 0), storage_address(value))
+            for name, value in by_eager
+            if first_read[storage_address(value)][0] == k
             and not (value.is_leaf and value.requires_grad)
         ]
-        last_read = {
-            storage: max(j for j, g in enumerate(captured) if storage in reads[j])
-            for _, storage in made_by_eager
-        }
         sources = tuple(
             (node.name, *made[storage_address(value)])
             for node, value in zip(primal_nodes, graph.primals, strict=True)
@@ -357,7 +352,7 @@ def _handoffs(
             dropped=frozenset(ref for ref, _ in dropped),
             released=(
                 *_released(dropped, held_at, k, saved),
-                *_released(made_by_eager, held_at, k, saved, last_read),
+                *_released(first_here, held_at, k, saved, last_read),
             ),
             read_earlier=read_earlier,
         )

@@ -172,17 +172,13 @@ def _leaves_graphs_read(
     end, with the gradient it accumulates from the backward of the last graph to read it.
     (Left out, T5's step was 2,048 bytes under the prediction through the backward, 4,096
     after that graph's.)"""
+    last_reader = {storage_address(t): k for k, values in enumerate(runs) for _, t in values}
     for leaf in leaves:
         storage = storage_address(leaf)
-        readers = [
-            k
-            for k, values in enumerate(runs)
-            if any(storage_address(tensor) == storage for _, tensor in values)
-        ]
-        if storage in held or not readers:
+        if storage in held or storage not in last_reader:  # the model's, or no graph reads it
             continue
         found[-1].backward += leaf.untyped_storage().nbytes()
-        found[readers[-1]].grads += _bytes(leaf)
+        found[last_reader[storage]].grads += _bytes(leaf)
 
 
 def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[Any], list[Any], list[Any]]:
