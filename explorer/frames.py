@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from types import CodeType, FrameType
 
 import torch
@@ -48,7 +49,11 @@ def held_by_frames(stop: CodeType) -> list[Held]:
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code is not stop:
         if _is_model_code(frame.f_code.co_filename):
-            for tensor in reachable_tensors(list(frame.f_locals.values()), DEPTH):
+            with warnings.catch_warnings():  # a deprecated object a frame reaches warns when
+                # looked at (torch.distributed.reduce_op, from T5's step): not the user's news
+                warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))
+                tensors = reachable_tensors(list(frame.f_locals.values()), DEPTH)
+            for tensor in tensors:
                 if tensor.device.type == "meta":
                     continue
                 try:
