@@ -289,6 +289,7 @@ def _handoffs(
         for node, value in zip(_primal_nodes(graph), graph.primals, strict=True):
             first_read.setdefault(storage_address(value), (j, node.name))
             last_read[storage_address(value)] = j
+    made: dict[int, tuple[int, ValueRef]] = {}  # storage: the latest earlier run to output it
     for k, graph in enumerate(captured):
         primal_nodes = _primal_nodes(graph)
         transient = frozenset(
@@ -296,16 +297,11 @@ def _handoffs(
             for node, value in zip(primal_nodes, graph.primals, strict=True)
             if node.role == ROLE_INPUT and storage_address(value) not in user
         )
-        later = {storage_address(t) for g in captured[k + 1 :] for t in g.primals}
+        later = {storage for storage, j in last_read.items() if j > k}
         outputs = _tensor_outputs(graph)
         dropped = [(r, storage) for r, storage in outputs if storage not in user | later]
         only_later = later - user
         passed_on = frozenset(ref for ref, storage in outputs if storage in only_later)
-        made = {
-            storage: (j, ref)
-            for j, earlier in enumerate(captured[:k])
-            for ref, storage in _tensor_outputs(earlier)
-        }
         by_eager = [  # transient inputs eager code made
             (node.name, value)
             for node, value in zip(primal_nodes, graph.primals, strict=True)
@@ -356,6 +352,7 @@ def _handoffs(
             ),
             read_earlier=read_earlier,
         )
+        made.update({storage: (k, ref) for ref, storage in outputs})
 
 
 def _attach_eager_code(

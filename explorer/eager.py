@@ -53,9 +53,11 @@ def eager_code(
     ran, eager, leaves = _autograd_nodes(outputs)
     made = [_made(node) for node in ran]
     graph_tensors: dict[int, tuple[int, ValueRef]] = {}  # storage: the first run with it
+    last_run: dict[int, int] = {}  # storage: the last run with it
     for k, values in enumerate(runs):
         for ref, tensor in values:
             graph_tensors.setdefault(storage_address(tensor), (k, ref))
+            last_run[storage_address(tensor)] = k
     state = {storage_address(t) for t in known}
     held = state | {storage_address(t) for t in outputs}  # counted for the whole step
     counted = held | set(graph_tensors)
@@ -94,7 +96,7 @@ def eager_code(
                         found[-1].backward += _bytes(target.variable)
     _waiting(found, ran, placed)
     _eager_outputs(found, made, outputs, state | set(graph_tensors))
-    _leaves_graphs_read(found, leaves, runs, held)
+    _leaves_graphs_read(found, leaves, last_run, held)
     for run, held_then in enumerate(frames):  # beyond what is counted elsewhere by then
         for storage in held_then:
             first = graph_tensors.get(storage.address, (run + 1, None))[0]
@@ -163,7 +165,7 @@ def _eager_outputs(
 def _leaves_graphs_read(
     found: list[EagerCode],
     leaves: list[torch.Tensor],
-    runs: list[list[tuple[ValueRef, torch.Tensor]]],
+    last_run: dict[int, int],
     held: set[int],
 ) -> None:
     """Tensors the step makes as leaves that ask for a gradient, read by a graph (transformers'
@@ -171,14 +173,13 @@ def _leaves_graphs_read(
     graph counts one as its input through the forward, but autograd holds it to the step's
     end, with the gradient it accumulates from the backward of the last graph to read it.
     (Left out, T5's step was 2,048 bytes under the prediction through the backward, 4,096
-    after that graph's.)"""
-    last_reader = {storage_address(t): k for k, values in enumerate(runs) for _, t in values}
+    after that graph's.) `last_run`: each storage's last run to read or return it."""
     for leaf in leaves:
         storage = storage_address(leaf)
-        if storage in held or storage not in last_reader:  # the model's, or no graph reads it
+        if storage in held or storage not in last_run:  # the model's, or no graph reads it
             continue
         found[-1].backward += leaf.untyped_storage().nbytes()
-        found[last_reader[storage]].grads += _bytes(leaf)
+        found[last_run[storage]].grads += _bytes(leaf)
 
 
 def _autograd_nodes(outputs: list[torch.Tensor]) -> tuple[list[Any], list[Any], list[Any]]:

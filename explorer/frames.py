@@ -47,21 +47,20 @@ def held_by_frames(stop: CodeType) -> list[Held]:
     """The storages the model's frames hold now, each once, up to the frame running `stop`."""
     found: dict[int, Held] = {}
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_code is not stop:
-        if _is_model_code(frame.f_code.co_filename):
-            with warnings.catch_warnings():  # a deprecated object a frame reaches warns when
-                # looked at (torch.distributed.reduce_op, from T5's step): not the user's news
-                warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))
-                tensors = reachable_tensors(list(frame.f_locals.values()), DEPTH)
-            for tensor in tensors:
-                if tensor.device.type == "meta":
-                    continue
-                try:
-                    held = Held(tensor)
-                except RuntimeError:  # no plain storage (sparse)
-                    continue
-                found.setdefault(held.address, held)
-        frame = frame.f_back
+    with warnings.catch_warnings():  # a deprecated object a frame reaches warns when looked
+        # at (torch.distributed.reduce_op, from T5's step): not the user's news
+        warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))
+        while frame is not None and frame.f_code is not stop:
+            if _is_model_code(frame.f_code.co_filename):
+                for tensor in reachable_tensors(list(frame.f_locals.values()), DEPTH):
+                    if tensor.device.type == "meta":
+                        continue
+                    try:
+                        held = Held(tensor)
+                    except RuntimeError:  # no plain storage (sparse)
+                        continue
+                    found.setdefault(held.address, held)
+            frame = frame.f_back
     return list(found.values())
 
 
