@@ -14,8 +14,10 @@ over: freed after its last use in the maker's backward (kept to the backward's e
 2.13). So do the tangent of an output nobody holds (zeros, made as the maker's backward starts)
 and, for an output the user holds and a later graph reads, autograd's sum of the user's tangent
 and that graph's gradient, the user's own tangent alive beside it. An output nobody holds, the
-frames hold until the forward returns. A later graph's gradient for a handed-over tensor waits,
-held by autograd, for the maker's backward (a graph in between adds its own into it). What the
+frames hold until the forward returns. A later graph's gradient for an earlier one's output
+(handed over, or one the user holds too: T5's encoder output, read by every decoder layer's
+graph) waits, held by autograd, for the maker's backward, from the last reader's on (a reader
+in between adds its own into it): read with eager code's from the autograd graph. What the
 model's eager code between the graphs holds (`EagerCode`, explorer.eager) is counted where it
 lives, and the moments when code outside the graphs holds more, measured when profiling
 (explorer.eagerpeaks), are points on top of what the graphs hold as each begins. The
@@ -114,13 +116,12 @@ def step_timeline(
     users = [line.user_bytes for line in lines]
     # ... and the earlier graphs' tangents the user holds are alive through the later ones'
     tangents = [_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
-    waiting = _waiting_grad_bytes(graphs, handoffs)
     backward_all = sum(e.backward for e in eager)  # eager code's, through every backward
     # the model's forward has returned
     held -= sum(line.frame_bytes - sum(line.released.values()) for line in lines)
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
-        around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + waiting[k]
+        around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + eager[k].waiting
         around += backward_all + _kept_by_eager(k, eager, programs, graphs)
         around += _own_user_tangent_bytes(graphs[k], handoffs[k])
         backward = range(lines[k].forward_end, len(lines[k].steps))
@@ -205,20 +206,6 @@ def _eager_throughout(eager: EagerCode) -> int:
     operator (what only its backward holds too: the safe side)."""
     kept = sum(nbytes for _, _, nbytes in eager.kept)
     return eager.saved + kept + eager.outputs + eager.backward + eager.waiting + eager.locals
-
-
-def _waiting_grad_bytes(graphs: list[Graph], handoffs: list[Handoff]) -> list[int]:
-    """Per graph, the bytes of gradients alive through its backward that a later graph
-    returned for a tensor an earlier one made: autograd holds them until the maker's backward
-    (a graph in between that reads the same tensor adds its gradient into them)."""
-    waiting = [h.eager.waiting for h in handoffs]
-    for k, (graph, handoff) in enumerate(zip(graphs, handoffs, strict=True)):
-        grads = dict(zip(graph.primal_names(), graph.input_grads, strict=False))
-        for name, j, _ in handoff.sources:
-            if grads.get(name) is not None:
-                for between in range(j + 1, k):
-                    waiting[between] += graph.grad_bytes(grads[name])
-    return waiting
 
 
 def _user_tangent_bytes(graph: Graph, handoff: Handoff) -> int:
