@@ -39,12 +39,17 @@ Contract, for users of the wrapped module:
   `create_graph=True`; differentiating those again (double backward, as a WGAN-GP gradient
   penalty does) is refused by AOTAutograd with its own error, as for any compiled module: run
   that forward on the unwrapped `wrapped.model`;
-- it pickles (the compiled state is rebuilt on load) and deep-copies.
+- it pickles (the compiled state is rebuilt on load) and deep-copies;
+- the step that compiles peaks as later ones do: Dynamo's tracing leaves reference cycles that
+  hold tensors of the model's forward (the output object a frame it traced received), which
+  Python frees only when its cycle collector next runs, so the wrapped forward collects them as
+  each of its compilations ends and as it returns (about 0.25 s each, in a step that compiles).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import types
 import warnings
 from collections import Counter
@@ -350,6 +355,34 @@ def dynamo_settings() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def collecting_compile_garbage() -> Iterator[None]:
+    """Run Python's cycle collector as each compilation inside the block ends.
+
+    Dynamo's variable trackers keep the real values a traced frame received in reference
+    cycles, garbage once Dynamo has returned from that compilation: a tensor among them stays
+    alive until the collector next runs, in the middle of some later step or never before the
+    backward. Collecting as each compilation ends frees what the one before left, and as the
+    block ends what the last one left. Measured: BERT with gradient checkpointing kept its
+    last hidden state and pooled output through the first step's backward (4,352 bytes, 2.2%
+    over the plan), T5 a dropout's mask (2,048 bytes); later steps, which compile nothing,
+    were to the byte."""
+    compiled = False
+
+    def collect(_args: object) -> None:
+        nonlocal compiled
+        compiled = True
+        gc.collect()
+
+    torch._dynamo.callback_handler.register_end_callback(collect)
+    try:
+        yield
+    finally:
+        torch._dynamo.callback_handler.remove_end_callback(collect)
+        if compiled:
+            gc.collect()
+
+
 class RematModule(nn.Module):
     """The user's model, trained under a rematerialization plan (see the module docstring)."""
 
@@ -380,7 +413,7 @@ class RematModule(nn.Module):
         self.backend.runs.clear()
         if not self._warned_grads:
             self._warn_of_held_gradients()
-        with dynamo_settings():
+        with dynamo_settings(), collecting_compile_garbage():
             result = self._compiled(self.model, *args, **kwargs)
         beyond = self.backend.runs_beyond_plan()
         if beyond is not None and not self._warned_runs:
