@@ -137,7 +137,7 @@ def build(
     if made.inputs is not None:
         inputs = tuple(_to(x, dev) for x in made.inputs)
         kwargs = {k: _to(v, dev) for k, v in (made.kwargs or {}).items()}
-        batch = _inputs_batch(inputs, kwargs)
+        batch = inputs_batch(inputs, kwargs)
         label = ModelSpec(spec, batch_size if batch is None else batch, input_size)
         return Built(model, inputs, label, "custom", kwargs)
     if batch_size is None:
@@ -277,7 +277,7 @@ def _split_factory_result(result: object, spec: str) -> tuple[nn.Module, tuple |
     )
 
 
-def _inputs_batch(args: tuple, kwargs: dict) -> int | None:
+def inputs_batch(args: tuple, kwargs: dict) -> int | None:
     """The first dimension of the first positional, then keyword, tensor that has one."""
     for x in (*args, *kwargs.values()):
         if isinstance(x, torch.Tensor) and x.dim() > 0:

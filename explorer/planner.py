@@ -29,7 +29,7 @@ from explorer.export import write_module
 from explorer.graph import Graph
 from explorer.losses import loss_name, named_loss
 from explorer.memory import tensor_bytes
-from explorer.models import ModelSpec
+from explorer.models import ModelSpec, inputs_batch
 from explorer.modelstate import as_trained, held_state, tensors_in
 from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn, report
@@ -344,11 +344,14 @@ class Planner:
         """What an exported schedule records about the model and inputs it was made for."""
         graphs = self.capture()
         spec = self.spec
-        first = self.example_inputs[0] if self.example_inputs else self.tensors[0]
         return {
             "model": {
                 "name": spec.name if spec else type(self.model).__name__,
-                "batch_size": spec.batch_size if spec else _batch(first),
+                "batch_size": (
+                    spec.batch_size
+                    if spec
+                    else inputs_batch(self.example_inputs, self.example_kwargs)
+                ),
                 "input_size": spec.input_size if spec else None,
                 "buildable": spec is not None,
             },
@@ -385,10 +388,6 @@ class Planner:
             autocast=self.autocast,
             loss=self.loss,
         )
-
-
-def _batch(x: Any) -> int | None:
-    return int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() > 0 else None
 
 
 def _describe_inputs(args: tuple, kwargs: dict) -> dict:
