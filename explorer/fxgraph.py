@@ -124,7 +124,17 @@ def _pin(nodes: list[Node]) -> None:
 
 
 _COPIES = {"aten.copy_.default"}
-COPY = "aten.copy.default"  # functional: a fresh tensor
+# functional writes into a view, whose kernels copy the view's whole storage (ATen's
+# clone_preserve_strides) and return the view of that copy: `aten.copy` (functionalization's
+# form of `x[:, 1:] = y`) and the scatters of in-place writes into a slice, a selected row, a
+# diagonal or a strided view (`x[..., :k] *= 2` on a slice)
+_WHOLE_STORAGE_COPIES = {
+    "aten.copy.default",
+    "aten.slice_scatter.default",
+    "aten.select_scatter.default",
+    "aten.diagonal_scatter.default",
+    "aten.as_strided_scatter.default",
+}
 BATCH_NORM = "aten._native_batch_norm_legit_functional.default"  # training-mode BatchNorm
 # training-mode BatchNorm reads the running statistics only to return their update
 _STATS_READERS = {BATCH_NORM}
@@ -162,11 +172,14 @@ def _storage_bytes(t: torch.Tensor) -> int:
 
 
 def _fresh_bytes(node: fx.Node, value: torch.Tensor) -> int:
-    """Bytes the kernel allocates for a fresh output. A functional copy into a view
-    (`aten.copy`, functionalization's form of `x[:, 1:] = y`) returns that view of a copy of
-    the view's whole base, where the traced value spans the view only (BART's shifted decoder
-    inputs: 128 bytes made, 120 traced; copying into a slice of a large buffer, the buffer)."""
-    destination = _argument_value(node, 0) if str(node.target) == COPY else None
+    """Bytes the kernel allocates for a fresh output. A functional write into a view
+    (`_WHOLE_STORAGE_COPIES`) returns that view of a copy of the view's whole storage, where
+    the traced value spans the view only: PyTorch's fake kernels of the scatters allocate no
+    more (BART's shifted decoder inputs: 128 bytes made, 120 traced; transformers' Funnel
+    scales a slice of a shifted attention score in place: 16,384 bytes made, 16,320 traced;
+    a slice of a large buffer: the buffer). An expanded view is copied alone, contiguous, as
+    its traced value is."""
+    destination = _argument_value(node, 0) if str(node.target) in _WHOLE_STORAGE_COPIES else None
     if isinstance(destination, torch.Tensor) and value.numel():
         return max(_storage_bytes(value), destination.untyped_storage().nbytes())
     return _storage_bytes(value)
