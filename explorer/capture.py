@@ -26,6 +26,7 @@ autograd, each let go once its graph's backward has read it.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,7 +37,7 @@ from torch import fx, nn
 from explorer.backend import RematBackend, compile_call, dynamo_settings
 from explorer.eager import eager_code, saved_by_eager_code
 from explorer.eagerpeaks import BACKWARD, END, FORWARD, START
-from explorer.errors import UserError, first_line
+from explorer.errors import RematWarning, UserError, first_line
 from explorer.frames import Held, held_by_frames
 from explorer.fxgraph import BATCH_NORM, is_tangent
 from explorer.graph import (
@@ -50,6 +51,7 @@ from explorer.graph import (
 )
 from explorer.modelstate import (
     STEP_SEED,
+    generator_states,
     held_tensors,
     kept,
     output_tensors,
@@ -191,6 +193,7 @@ def capture(
     """
     with kept(model, (args, kwargs), STEP_SEED), _autocast(args, autocast):
         _first_call(model, args, kwargs or {})
+        eager_draws = generator_states(model, (args, kwargs))
     recorder = _Recorder()
     call = compile_call(recorder)
     with kept(model, (args, kwargs), STEP_SEED), dynamo_settings(), _autocast(args, autocast):
@@ -200,6 +203,7 @@ def capture(
             raise
         except Exception as exc:  # Dynamo or AOTAutograd could not capture the model
             raise UserError(f"cannot capture the model: {first_line(exc)}") from exc
+        _warn_of_other_draws(eager_draws, generator_states(model, (args, kwargs)))
         losses = [] if loss is None else [loss_of(result, loss)]
     # the cache entry (the recorder) must not hold the step's tensors
     captured, recorder.passes, recorder.compiled = recorder.passes, [], []
@@ -255,6 +259,28 @@ def _refuse_sparse_tensors(captured: list[CapturedGraph]) -> None:
                         f"({node.target}; an nn.Embedding(sparse=True)'s gradient is one), and "
                         "remat-explorer plans dense tensors only: use sparse=False"
                     )
+
+
+def _warn_of_other_draws(eager: list[torch.Tensor], compiled: list[torch.Tensor]) -> None:
+    """Warn where the compiled forward, from the seed the eager one started from, leaves the
+    generators in other states: torch.compile drew other random numbers. It leaves out a
+    random operator whose result nothing uses (transformers' CANINE drops out its character
+    encoder's output, which its classifier never reads; every later dropout then draws
+    another mask), and a forward that reseeds from the system's entropy (Reformer's
+    `torch.seed()`) draws otherwise each time. Under any plan, as under plain
+    `torch.compile`, the step's dropout masks are then not the unmodified model's."""
+    if all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True)):
+        return
+    warnings.warn(
+        "remat-explorer: under torch.compile this model's forward draws other random numbers "
+        "than it does eagerly (a random operator whose result nothing uses is left out, such "
+        "as a dropout of an output the model does not return, or the forward reseeds the "
+        "generator): trained under a plan, as under torch.compile itself, its dropout masks "
+        "differ from the unmodified model's, so verify finds outputs and gradients not equal; "
+        "remove the unused random operator (or its dropout) to train with the same masks",
+        RematWarning,
+        stacklevel=3,
+    )
 
 
 def _first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:

@@ -32,11 +32,8 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     grads = [(t, t.grad) for t in grad_holders(model, inputs)]
     modes = [(m, m.training) for m in model.modules()]
-    cuda = {_cuda_index(t.device) for t in tensors_in(inputs) if t.device.type == "cuda"}
-    device = device_of(model, inputs)
-    if device.type == "cuda":
-        cuda.add(_cuda_index(device))
-    with torch.random.fork_rng(devices=sorted(cuda)):
+    cuda = _cuda_devices(model, inputs)
+    with torch.random.fork_rng(devices=cuda):
         if seed is not None:
             torch.random.default_generator.manual_seed(seed)
             for index in cuda:
@@ -158,6 +155,23 @@ def device_of(model: nn.Module, inputs: Any) -> torch.device:
     if first is None:
         first = next(iter(tensors_in(inputs)), None)
     return first.device if first is not None else torch.device("cpu")
+
+
+def generator_states(model: nn.Module, inputs: Any) -> list[torch.Tensor]:
+    """The states of the generators a step of `model` on `inputs` draws from (the CPU's, and
+    those of the CUDA devices in use): two runs that drew the same random numbers from the
+    same states end in equal ones."""
+    cuda = [torch.cuda.get_rng_state(index) for index in _cuda_devices(model, inputs)]
+    return [torch.get_rng_state(), *cuda]
+
+
+def _cuda_devices(model: nn.Module, inputs: Any) -> list[int]:
+    """The CUDA devices of the inputs' tensors and the model's, by index."""
+    cuda = {_cuda_index(t.device) for t in tensors_in(inputs) if t.device.type == "cuda"}
+    device = device_of(model, inputs)
+    if device.type == "cuda":
+        cuda.add(_cuda_index(device))
+    return sorted(cuda)
 
 
 def _cuda_index(device: torch.device) -> int:

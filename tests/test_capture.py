@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -12,8 +13,9 @@ from helpers import Passes
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+import explorer
 from explorer.capture import capture
-from explorer.errors import UserError
+from explorer.errors import RematWarning, UserError
 from explorer.frames import held_by_frames
 from explorer.graph import BACKWARD, EFFECT, FORWARD, Graph
 from explorer.models import build
@@ -246,3 +248,48 @@ def test_a_sparse_gradient_is_refused_in_one_line():
     model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 3))
     with pytest.raises(UserError, match=r"sparse_coo tensor .*sparse=False"):
         capture(model, (torch.randint(0, 50, (2, 5)),))
+
+
+class _DropsOutWhatItDoesNotReturn(nn.Module):
+    """Drops out a branch whose result it never uses, then what it returns: eager PyTorch
+    draws both masks, torch.compile leaves the first draw out."""
+
+    def __init__(self, unused_branch: bool) -> None:
+        super().__init__()
+        self.lin, self.drop = nn.Linear(8, 8), nn.Dropout(0.5)
+        self.unused_branch = unused_branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if self.unused_branch:
+            self.drop(h * 2)
+        return self.drop(h)
+
+
+def test_a_forward_that_draws_otherwise_under_compile_is_warned_about():
+    # catches: no check, so that a plan silently trains with other dropout masks than the
+    # unmodified model (transformers' CANINE, whose classifier never reads its character
+    # encoder's output: outputs and gradients up to 0.06 apart, as under plain torch.compile)
+    x = torch.randn(4, 8)
+    with pytest.warns(RematWarning, match="draws other random numbers"):
+        capture(_DropsOutWhatItDoesNotReturn(unused_branch=True), (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        capture(_DropsOutWhatItDoesNotReturn(unused_branch=False), (x,))
+
+
+@pytest.mark.parametrize("unused_branch", [True, False])
+def test_verify_says_when_the_wrapped_step_drew_other_random_numbers(tmp_path, unused_branch):
+    # catches: verify's rows failing without saying why (the note), or the note on a step
+    # that drew the same numbers
+    torch.manual_seed(0)
+    model, x = _DropsOutWhatItDoesNotReturn(unused_branch), torch.randn(4, 8)
+    plan = explorer.Planner(model, (x,))
+    path = tmp_path / "planned.py"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RematWarning)
+        plan.baseline().export(path)
+    outputs = explorer.verify(path, model=model, example_inputs=(x,)).rows[1]
+    assert outputs.quantity == "outputs"
+    assert outputs.ok is not unused_branch
+    assert ("drew other random numbers" in outputs.note) is unused_branch
