@@ -12,8 +12,9 @@ Widgets and the command line call exactly these methods; nothing here prints.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
 from explorer.solvers.registry import make_solver
 from explorer.step import StepSolver
-from explorer.stepcost import measure_step_times
+from explorer.stepcost import StepTimes, measure_step_times
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
 
@@ -144,29 +145,8 @@ class Planner:
                 profiles.append(profile_graph(captured, progress=forward, cancel=cancel))
                 done += len(captured.graph.nodes)
             report(progress, total, total, "timing the step, unmodified and under the runtime")
-            times = measure_step_times(
-                self.model,
-                self.example_inputs,
-                self.example_kwargs,
-                autocast=self.autocast,
-                runtime=self._captured[0].runtime,
-                cancel=cancel,
-                loss=self.loss,
-            )
-            report(progress, total, total, "measuring what code outside the graphs holds")
-            first_run = self._captured[0]
-            assert first_run.runtime is not None and first_run.set_marker is not None
-            peaks = measure_eager_peaks(
-                self.model,
-                self.example_inputs,
-                self.example_kwargs,
-                first_run.runtime,
-                first_run.set_marker,
-                len(runs),
-                autocast=self.autocast,
-                loss=self.loss,
-                gradients_held=self.gradients_held,
-            )
+            with _refusing_a_step_compiled_at_every_call():
+                times, peaks = self._step_measurements(cancel, progress, total)
             profiles = [replace(p, eager=e) for p, e in zip(profiles, peaks, strict=True)]
             first = profiles[0]
             self._profile = StepProfile(
@@ -178,6 +158,37 @@ class Planner:
                 gradients_held=self.gradients_held,
             )
         return self._profile
+
+    def _step_measurements(
+        self, cancel: CancelToken | None, progress: ProgressFn | None, total: int
+    ) -> tuple[StepTimes, list[EagerPeaks]]:
+        """The whole step timed unmodified and under the runtime, and the moments of code
+        outside the graphs (explorer.stepcost, explorer.eagerpeaks)."""
+        assert self._captured is not None
+        first_run = self._captured[0]
+        assert first_run.runtime is not None and first_run.set_marker is not None
+        times = measure_step_times(
+            self.model,
+            self.example_inputs,
+            self.example_kwargs,
+            autocast=self.autocast,
+            runtime=first_run.runtime,
+            cancel=cancel,
+            loss=self.loss,
+        )
+        report(progress, total, total, "measuring what code outside the graphs holds")
+        peaks = measure_eager_peaks(
+            self.model,
+            self.example_inputs,
+            self.example_kwargs,
+            first_run.runtime,
+            first_run.set_marker,
+            len(self._captured),
+            autocast=self.autocast,
+            loss=self.loss,
+            gradients_held=self.gradients_held,
+        )
+        return times, peaks
 
     def use_profile(self, profile: StepProfile) -> None:
         """Plan with a saved profile (from another run or machine) instead of profiling."""
@@ -388,6 +399,23 @@ class Planner:
             autocast=self.autocast,
             loss=self.loss,
         )
+
+
+@contextlib.contextmanager
+def _refusing_a_step_compiled_at_every_call() -> Iterator[None]:
+    """Turn Dynamo's recompile limit, reached while the planner runs the step again, into a
+    UserError: the model's Python takes another path at every call, so no plan of one
+    step's graphs holds for the next (transformers' BigBird with block-sparse attention draws
+    its random blocks in Python: 64 recompilations within its first steps)."""
+    try:
+        yield
+    except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
+        raise UserError(
+            "cannot plan this step: torch.compile captures it again at every call (Dynamo's "
+            "recompile limit reached: TORCH_LOGS=recompiles shows why), as a model whose "
+            "Python takes another path each step does (random choices made in Python, such "
+            "as BigBird's block-sparse attention): no plan of one step holds for the next"
+        ) from exc
 
 
 def _describe_inputs(args: tuple, kwargs: dict) -> dict:

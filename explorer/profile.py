@@ -249,13 +249,14 @@ def profile_graph(
     ops = op_table(captured.joint.graph)
     instrs = program.forward + program.backward
     static = _static_values(captured)
+    layouts = _tangent_layouts(captured)
     timer = _Timer(device)
     times: dict[str, list[float]] = {instr.node: [] for instr in instrs}
     workspace: dict[str, int] = {}
     calls = (repeats + 1) * len(instrs)
     with torch.no_grad():
         for run in range(repeats + 1):
-            slots = _step_inputs(program, graph, static, device)
+            slots = _step_inputs(program, graph, static, layouts, device)
             for k, instr in enumerate(instrs):
                 check_cancel(cancel)
                 call = lambda instr=instr, slots=slots: ops[instr.node](slots, instr.in_slots)  # noqa: E731
@@ -277,17 +278,35 @@ def profile_graph(
 
 
 def _step_inputs(
-    program: StepProgram, graph: Graph, static: list[torch.Tensor], device: torch.device
+    program: StepProgram,
+    graph: Graph,
+    static: list[torch.Tensor],
+    layouts: dict[str, tuple[int, ...]],
+    device: torch.device,
 ) -> list:
-    """Slots holding the graph's inputs and tangents of ones, ready for one step."""
+    """Slots holding the graph's inputs and tangents of ones, ready for one step; each tangent
+    laid out as traced (`layouts`), as the runtime hands it over."""
     slots: list = [None] * len(program.slot_of)
     for slot, tensor in zip(program.static_slots, static, strict=True):
         slots[slot] = tensor
     for node in graph.placeholders("tangent"):
         meta = node.outputs[0]
         dtype = getattr(torch, meta.dtype.split(".")[-1])
-        slots[program.slot_of[(node.name, 0)]] = torch.ones(meta.shape, dtype=dtype, device=device)
+        tangent = torch.empty_strided(meta.shape, layouts[node.name], dtype=dtype, device=device)
+        slots[program.slot_of[(node.name, 0)]] = tangent.fill_(1)
     return slots
+
+
+def _tangent_layouts(captured: CapturedGraph) -> dict[str, tuple[int, ...]]:
+    """The strides the joint graph traced each tangent with: those of its output, which
+    AOTAutograd gives the tangent before the backward runs. The backward may view them so
+    (BigBird's: a transposed attention output's tangent, viewed as (batch, length, width),
+    which a contiguous tangent cannot be: profiling failed)."""
+    return {
+        fxn.name: tuple(fxn.meta["val"].stride())
+        for fxn in captured.joint.graph.find_nodes(op="placeholder")
+        if is_tangent(fxn)
+    }
 
 
 def _static_values(captured: CapturedGraph) -> list[torch.Tensor]:

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from helpers import planner
+from torch import nn
 
 import explorer
 import explorer.profile
@@ -145,3 +146,54 @@ def test_a_plan_with_the_no_recompute_seconds_costs_exactly_the_runtime_share():
     plan = Schedule(graphs=[], predicted_peak_bytes=1, predicted_seconds=0.008627)
     plan.baseline_seconds, plan.runtime_factor = 0.008627, 0.954
     assert plan.predicted_overhead == 0.954 - 1.0
+
+
+class _TransposedOutput(nn.Module):
+    """Returns a transposed view, as BigBird's attention does: the joint graph traces its
+    tangent with the output's strides, and its backward views it so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).view(2, 16, 4, 8).transpose(1, 2)
+
+
+def test_tangents_are_profiled_laid_out_as_traced():
+    # catches: contiguous tangents, whose transposed view cannot be viewed as the backward
+    # views it (BigBird's profile failed: "view size is not compatible with input tensor's
+    # size and stride")
+    x = torch.randn(2, 16, 32)
+    plan = explorer.Planner(_TransposedOutput(), (x,))
+    (timed,) = plan.profile().graphs
+    assert set(timed.seconds) == {n.name for n in plan.capture()[0].nodes if n.phase != PLACEHOLDER}
+
+
+def _scaled_after_a_break(x: torch.Tensor, k: int) -> torch.Tensor:
+    torch._dynamo.graph_break()
+    return x * k
+
+
+class _OtherPathEachCall(nn.Module):
+    """Each call runs ten graphs with constants no earlier call used, as BigBird's random
+    blocks, drawn in Python, take another path through its attention each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.calls = nn.Linear(8, 8), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        x = self.lin(x)
+        for j in range(10):
+            x = _scaled_after_a_break(x, 10 * self.calls + j)
+        return x
+
+
+def test_a_step_compiled_again_at_every_call_is_refused_in_one_line():
+    # catches: Dynamo's FailOnRecompileLimitHit escaping from profiling (an internal error on
+    # the command line), where no plan of one step holds for the next
+    plan = explorer.Planner(_OtherPathEachCall(), (torch.randn(4, 8),))
+    with pytest.raises(UserError, match="captures it again at every call"):
+        plan.profile()
