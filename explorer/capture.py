@@ -51,6 +51,7 @@ from explorer.graph import (
 )
 from explorer.modelstate import (
     STEP_SEED,
+    drew_alike,
     generator_states,
     held_tensors,
     kept,
@@ -269,7 +270,7 @@ def _warn_of_other_draws(eager: list[torch.Tensor], compiled: list[torch.Tensor]
     another mask), and a forward that reseeds from the system's entropy (Reformer's
     `torch.seed()`) draws otherwise each time. Under any plan, as under plain
     `torch.compile`, the step's dropout masks are then not the unmodified model's."""
-    if all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True)):
+    if drew_alike(eager, compiled):
         return
     warnings.warn(
         "remat-explorer: under torch.compile this model's forward draws other random numbers "

@@ -165,6 +165,11 @@ def generator_states(model: nn.Module, inputs: Any) -> list[torch.Tensor]:
     return [torch.get_rng_state(), *cuda]
 
 
+def drew_alike(states: list[torch.Tensor], others: list[torch.Tensor]) -> bool:
+    """Whether two lists of `generator_states` are the same states."""
+    return all(torch.equal(a, b) for a, b in zip(states, others, strict=True))
+
+
 def _cuda_devices(model: nn.Module, inputs: Any) -> list[int]:
     """The CUDA devices of the inputs' tensors and the model's, by index."""
     cuda = {_cuda_index(t.device) for t in tensors_in(inputs) if t.device.type == "cuda"}

@@ -66,6 +66,7 @@ from explorer.modelstate import (
     as_trained,
     clear_grads,
     copy_model,
+    drew_alike,
     generator_states,
     held_state,
     output_tensors,
@@ -401,7 +402,7 @@ def verify(
         for row in rows.values():
             if failure and not row.ok:
                 row.note += f"; {failure}"
-    if not all(torch.equal(a, b) for a, b in zip(ref_draws, new_draws, strict=True)):
+    if not drew_alike(ref_draws, new_draws):
         for row in rows.values():
             if not row.ok:
                 row.note += f"; {OTHER_DRAWS}"
