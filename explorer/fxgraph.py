@@ -178,7 +178,12 @@ def _fresh_bytes(node: fx.Node, value: torch.Tensor) -> int:
     more (BART's shifted decoder inputs: 128 bytes made, 120 traced; transformers' Funnel
     scales a slice of a shifted attention score in place: 16,384 bytes made, 16,320 traced;
     a slice of a large buffer: the buffer). An expanded view is copied alone, contiguous, as
-    its traced value is."""
+    its traced value is. A graph's input (not a tangent) that views part of a storage holds
+    all of it: Longformer's second graph reads its attention mask as a (2, 16) view, 1,088
+    bytes of span, of the 2,048-byte storage its first graph made (counted by that reader,
+    the step was 960 bytes over the plan from there on)."""
+    if node.op == "placeholder" and not is_tangent(node):
+        return max(_storage_bytes(value), value.untyped_storage().nbytes())
     destination = _argument_value(node, 0) if str(node.target) in _WHOLE_STORAGE_COPIES else None
     if isinstance(destination, torch.Tensor) and value.numel():
         return max(_storage_bytes(value), destination.untyped_storage().nbytes())
