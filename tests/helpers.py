@@ -111,6 +111,13 @@ def live_bytes_by_operator(
     return found
 
 
+def assert_as_predicted(rows: list[tuple[str, int, int]]) -> None:
+    """Every operator's measured live bytes equal to the predicted (rows of
+    `live_bytes_by_operator`), the first mismatches named."""
+    wrong = [row for row in rows if row[1] != row[2]]
+    assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+
+
 def _called_by_graph_code() -> bool:
     """Whether the operator being dispatched was called, at any depth, by a graph's code:
     the runtime runs the code FX generates for each graph, whose file is '<eval_with_key>.N'."""

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import PassBlock, Passes, live_bytes_by_operator
+from helpers import PassBlock, Passes, assert_as_predicted, live_bytes_by_operator
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -379,8 +379,7 @@ def test_a_loop_whose_graph_runs_at_every_pass_is_planned_to_the_byte(shared):
     assert lowest.predicted_seconds == pytest.approx(seconds)
     for point in front.points:
         rows = live_bytes_by_operator(plan, point.schedule, (x,))
-        wrong = [row for row in rows if row[1] != row[2]]
-        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+        assert_as_predicted(rows)
     report = lowest.verify()
     peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
     assert report.ok and peak.measured == peak.predicted, report.format_table()
@@ -439,8 +438,7 @@ def test_eager_code_between_graphs_is_predicted_after_every_operator():
     assert len(front.points) > 2
     for point in front.points:
         rows = live_bytes_by_operator(plan, point.schedule, (x,))
-        wrong = [row for row in rows if row[1] != row[2]]
-        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+        assert_as_predicted(rows)
 
 
 def test_spectral_norm_trains_like_the_model():
@@ -717,8 +715,7 @@ def test_dropouts_drawn_once_run_fused_and_are_predicted_after_every_operator():
     for keep, fused in ((kept, 2), (kept - {(masks[0], 0)}, 1), (set(), 0)):
         schedule = Schedule([schedule_from_saved(graph, keep)])
         rows = live_bytes_by_operator(plan, schedule, built.example_inputs)
-        wrong = [row for row in rows if row[1] != row[2]]
-        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+        assert_as_predicted(rows)
         assert sum(row[0].startswith(FUSED_PREFIX) for row in rows) == fused
 
 
@@ -809,8 +806,7 @@ def test_a_copy_into_a_slice_is_counted_as_the_whole_buffer_it_makes():
     for point in plan.sweep(points=3).points:
         rows = live_bytes_by_operator(plan, point.schedule, (x,))
         assert any(row[0] == "copy" for row in rows)
-        wrong = [row for row in rows if row[1] != row[2]]
-        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+        assert_as_predicted(rows)
 
 
 class _WritesIntoViews(nn.Module):
@@ -844,8 +840,7 @@ def test_a_write_into_a_view_is_counted_as_the_whole_storage_its_kernel_copies()
     assert {f"aten.{s}.default" for s in scatters} <= targets
     for point in plan.sweep(points=3).points:
         rows = live_bytes_by_operator(plan, point.schedule, (x,))
-        wrong = [row for row in rows if row[1] != row[2]]
-        assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+        assert_as_predicted(rows)
 
 
 class _HandsOverAView(nn.Module):
@@ -872,8 +867,7 @@ def test_a_view_handed_to_the_next_graph_is_counted_as_its_storage():
     plan = explorer.Planner(_HandsOverAView(), (x,))
     assert len(plan.capture()) == 2
     rows = live_bytes_by_operator(plan, plan.baseline(), (x,))
-    wrong = [row for row in rows if row[1] != row[2]]
-    assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+    assert_as_predicted(rows)
 
 
 class _CheckpointedEagerly(nn.Module):

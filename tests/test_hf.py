@@ -11,7 +11,11 @@ import warnings
 import pytest
 import torch
 import transformers
-from helpers import assert_lowest_point_trains_like_the_model, live_bytes_by_operator
+from helpers import (
+    assert_as_predicted,
+    assert_lowest_point_trains_like_the_model,
+    live_bytes_by_operator,
+)
 
 import explorer
 from explorer.backend import RESIZED, wrap_with_schedule
@@ -134,8 +138,7 @@ def test_a_loss_graph_after_the_model_graph_is_predicted_after_every_operator():
     model, inputs = _gpt2()
     plan = explorer.Planner(model, (), inputs)
     rows = live_bytes_by_operator(plan, plan.baseline(), (), inputs)
-    wrong = [row for row in rows if row[1] != row[2]]
-    assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+    assert_as_predicted(rows)
 
 
 def test_wav2vec2_with_layerdrop_is_planned_to_the_byte(quick_search):
@@ -200,8 +203,7 @@ def test_t5_with_gradient_checkpointing_is_planned_to_the_byte(layers):
     ours = [w for w in seen if f"{os.sep}explorer{os.sep}" in w.filename]
     assert not ours, [str(w.message) for w in ours]
     rows = live_bytes_by_operator(plan, plan.baseline(), (), inputs)
-    wrong = [row for row in rows if row[1] != row[2]]
-    assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+    assert_as_predicted(rows)
 
 
 def test_the_steps_that_compile_peak_as_planned():
