@@ -35,7 +35,7 @@ import torch
 from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
-from explorer.eager import eager_code, saved_by_eager_code
+from explorer.eager import eager_code, saved_by_eager_code, unreached_parameters
 from explorer.eagerpeaks import BACKWARD, END, FORWARD, START
 from explorer.errors import RematWarning, UserError, first_line
 from explorer.frames import Held, held_by_frames
@@ -93,6 +93,9 @@ class CapturedGraph:
     set_marker: Callable[[Callable[[str, str], None] | None], None] | None = field(
         default=None, repr=False
     )
+    # the model's parameters that the step's autograd graph does not reach: their gradients,
+    # if any, come from code no graph or eager node shows (explorer.eager.unreached_parameters)
+    unreached: list = field(default_factory=list, repr=False)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The graph's parameters, buffers and constants (not activations or user inputs)."""
@@ -221,9 +224,11 @@ def capture(
     known = [*tensors_in((args, kwargs)), *held_tensors(model)]
     _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
     _attach_eager_code(captured, [*outputs, *losses], known)
+    unreached = unreached_parameters(model, [*outputs, *losses])
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed
         graph.runtime, graph.set_marker = call, recorder.set_marker
+        graph.unreached = unreached
     return captured
 
 
@@ -339,13 +344,15 @@ def _handoffs(
             for name, value in by_eager
             if first_read[storage_address(value)][0] < k
         )
-        # counted here, by the first graph to read it: as for a dropped output, the frames
-        # may let go of one before the step's forward ends, once no later graph reads it
+        # a transient input, eager code's or an earlier graph's, is counted by the first
+        # graph to read it (unless its maker keeps it): as for a dropped output, the frames
+        # may let go of it before the step's forward ends, once no later graph reads it
         # (not a leaf that asks for its gradient: autograd holds that one)
         first_here = [
-            ((name, 0), storage_address(value))
-            for name, value in by_eager
-            if first_read[storage_address(value)][0] == k
+            ((node.name, 0), storage_address(value))
+            for node, value in zip(primal_nodes, graph.primals, strict=True)
+            if node.name in transient
+            and first_read[storage_address(value)][0] == k
             and not (value.is_leaf and value.requires_grad)
         ]
         sources = tuple(

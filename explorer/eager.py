@@ -110,6 +110,17 @@ def eager_code(
     return found
 
 
+def unreached_parameters(model: torch.nn.Module, outputs: list[torch.Tensor]) -> list[Any]:
+    """The model's parameters that ask for a gradient but that the autograd graph behind
+    `outputs` does not reach: code that runs autograd itself inside a custom Function's
+    backward makes their gradients (Reformer's reversible layers run each layer again there
+    and backpropagate through it), which no graph and no eager node shows. Parameters the step
+    does not use are among them; they get no gradient, which the measurement sees."""
+    _, _, leaves = _autograd_nodes(outputs)
+    reached = {storage_address(leaf) for leaf in leaves}
+    return [p for p in model.parameters() if p.requires_grad and storage_address(p) not in reached]
+
+
 def saved_by_eager_code(outputs: list[torch.Tensor]) -> set[int]:
     """The storages (addresses) eager code behind `outputs` saved for its backward."""
     _, eager, _ = _autograd_nodes(outputs)
@@ -209,19 +220,21 @@ def _made(node: Any) -> int:
 
 
 def _saved_tensors(node: Any) -> list[torch.Tensor]:
-    """The tensors an eager autograd node saved for its backward (its `_saved_*` fields) but
-    0-dim ones: a number Python passed is one (`x * 2` saves the 2, which no allocator's
-    count holds), and a real one is a few bytes."""
+    """The tensors an eager autograd node saved for its backward (its `_saved_*` fields; a custom
+    autograd.Function's, what its forward gave `ctx.save_for_backward`, which were missed: the
+    test's Function that keeps its input was 65,536 bytes under) but 0-dim ones: a number Python
+    passed is one (`x * 2` saves the 2, which no allocator's count holds), and a real one is a few
+    bytes."""
     found = []
-    for name in dir(node):
-        if not name.startswith("_saved_"):
-            continue
+    names = [name for name in dir(node) if name.startswith("_saved_")]
+    if hasattr(node, "_raw_saved_tensors"):  # a custom autograd.Function's
+        names.append("saved_tensors")
+    for name in names:
         try:
-            values = _held_for(node, name)
+            found += _held_for(node, name)
         except RuntimeError:  # released already
             continue
-        found += [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]
-    return found
+    return [v for v in found if isinstance(v, torch.Tensor) and v.dim() > 0]
 
 
 def _held_for(node: Any, name: str) -> list:
@@ -230,7 +243,7 @@ def _held_for(node: Any, name: str) -> list:
     placeholder, and unpacking it recomputes the region, whose tensors are freed in the step
     (counted as saved, a checkpointed region run eagerly was 19% over its measured peak;
     transformers' T5 with gradient checkpointing 13 to 15%)."""
-    raw = getattr(node, "_raw" + name, None)
+    raw = getattr(node, "_raw_" + name.removeprefix("_"), None)
     raws = raw if isinstance(raw, (list, tuple)) else [raw]
     if any(getattr(r, "unpack_hook", None) is not None for r in raws):
         packed = [getattr(r, "data", None) for r in raws]

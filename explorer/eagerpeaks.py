@@ -10,7 +10,11 @@ None of that depends on the schedule, only on what the graphs leave at the momen
 stretch begins, which the plan knows: so one training step of the runtime without
 recomputation is measured with marks where each graph run's forward and backward start and
 end, and each stretch's highest point above its start becomes a point of the plan
-(explorer.simulate): the runs' `EagerPeaks`.
+(explorer.simulate): the runs' `EagerPeaks`. So is what a stretch leaves for good that the
+autograd graph does not show: the gradients a custom Function's backward makes by running
+autograd itself, for parameters the step's autograd graph never reaches (Reformer's
+reversible layers; explorer.eager.unreached_parameters), counted from that stretch to the
+step's end (explorer.step).
 
 Measured with the live-tensor meter on CPU (explorer.memory) and the allocator's requested
 bytes on CUDA. A step whose graphs run otherwise than the capture recorded (a count of
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -45,6 +49,12 @@ class EagerPeaks:
     before: int = 0
     after_forward: int = 0
     after_backward: int = 0
+    # bytes of gradients that the stretch after this run's forward (the last run's: eager code
+    # after it, and its backward) or backward leaves, for parameters the step's autograd graph
+    # does not reach (a custom Function whose backward runs autograd itself: Reformer's
+    # reversible layers); alive to the step's end
+    grads_after_forward: int = 0
+    grads_after_backward: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,13 +62,15 @@ class EagerPeaks:
     @classmethod
     def from_dict(cls, data: dict | None) -> EagerPeaks:
         data = data or {}
-        values = {k: int(data.get(k, 0)) for k in ("before", "after_forward", "after_backward")}
+        values = {f.name: int(data.get(f.name, 0)) for f in fields(cls)}
         if any(v < 0 for v in values.values()):
             raise ValueError(f"negative eager peak {data!r}")
         return cls(**values)
 
 
-Reading = tuple[str, str, int, int]  # (forward|backward, start|end, bytes now, most since last)
+# (forward|backward, start|end, bytes now, most since last, bytes of the gradients of the
+# parameters the autograd graph does not reach, now)
+Reading = tuple[str, str, int, int, int]
 
 
 def peaks_from_readings(readings: list[Reading], start: int, runs: int) -> list[EagerPeaks]:
@@ -71,6 +83,11 @@ def peaks_from_readings(readings: list[Reading], start: int, runs: int) -> list[
     before = [0] * runs
     after_forward = [0] * runs
     after_backward = [0] * runs
+    grads_after_forward = [0] * runs
+    grads_after_backward = [0] * runs
+
+    def left(k: int) -> int:  # the unreached parameters' gradients made after mark k
+        return max(0, readings[k + 1][4] - readings[k][4])
 
     def above(k: int) -> int:  # the highest point after mark k, above the level at k
         return max(0, readings[k + 1][3] - readings[k][2])
@@ -79,10 +96,20 @@ def peaks_from_readings(readings: list[Reading], start: int, runs: int) -> list[
         before[0] = max(0, readings[0][3] - start)
         for run, k in enumerate(forwards):
             after_forward[run] = above(k)
+            grads_after_forward[run] = left(k)
     if len(backwards) == runs:
         for j, k in enumerate(backwards):
             after_backward[runs - 1 - j] = above(k)
-    return [EagerPeaks(*p) for p in zip(before, after_forward, after_backward, strict=True)]
+            grads_after_backward[runs - 1 - j] = left(k)
+    parts = zip(
+        before,
+        after_forward,
+        after_backward,
+        grads_after_forward,
+        grads_after_backward,
+        strict=True,
+    )
+    return [EagerPeaks(*p) for p in parts]
 
 
 class _Meter:
@@ -130,13 +157,17 @@ def measure_eager_peaks(
     autocast: torch.dtype | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
     gradients_held: bool = False,
+    unreached: list[torch.Tensor] | None = None,
 ) -> list[EagerPeaks]:
     """One training step of `runtime` (the capture's compiled step, without recomputation,
     already run once so that nothing compiles now), from no gradients (`kept` puts the
     model's back), with `set_marker(mark)` making the runtime call `mark(kind, edge)` at every
     graph run's forward and backward start and end. `gradients_held`: the step measured
     starts with the gradients of one before it, as in gradient accumulation (autograd then
-    adds into them and copies none laid out otherwise than their parameters)."""
+    adds into them and copies none laid out otherwise than their parameters). `unreached`:
+    the parameters the step's autograd graph does not reach, whose gradients each stretch
+    leaves are counted (`EagerPeaks.grads_after_backward`)."""
+    unreached = unreached or []
     # the runtime's modules import this one (for EagerPeaks): these come in when measuring
     from explorer.backend import dynamo_settings
     from explorer.verify import step_autocast, training_step
@@ -145,8 +176,12 @@ def measure_eager_peaks(
     meter = _Meter(device)
     readings: list[Reading] = []
 
+    def graded() -> int:
+        grads = [p.grad for p in unreached if p.grad is not None]
+        return sum(g.untyped_storage().nbytes() for g in grads)
+
     def mark(kind: str, edge: str) -> None:
-        readings.append((kind, edge, *meter.read()))
+        readings.append((kind, edge, *meter.read(), graded()))
 
     def step() -> None:
         training_step(lambda *a, **k: runtime(model, *a, **k), args, STEP_SEED, kwargs, loss=loss)
@@ -166,5 +201,5 @@ def measure_eager_peaks(
                 step()
             finally:
                 set_marker(None)
-            readings.append(("", "", *meter.read()))
+            readings.append(("", "", *meter.read(), graded()))
     return peaks_from_readings(readings, start, runs)

@@ -187,6 +187,7 @@ class Planner:
             autocast=self.autocast,
             loss=self.loss,
             gradients_held=self.gradients_held,
+            unreached=first_run.unreached,
         )
         return times, peaks
 

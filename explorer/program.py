@@ -127,15 +127,16 @@ class Handoff:
     graph's is added into it, so the step counts one gradient, the later graph's. `dropped`:
     outputs that neither the user nor a later graph holds (a local of the model's eager code,
     which may read it): the Python frames hold them until the model's forward returns, then
-    they live on only if this graph saves them; `released`: those of them that no frame held,
-    nor eager code saved, when a later graph (its number in the step) started: freed before
-    that graph's forward instead. `kept_by_eager`: this graph's tensors that eager code before
-    it saves (`EagerCode.kept`): where this backward reads one, it stays to this backward's
-    end (autograd holds it for that code's backward, which runs next). `read_earlier`:
-    transient inputs that eager code made and an earlier graph read too (T5's position bias,
-    read by every layer's graph), each with the first graph to read it and its name there:
-    that graph counts it through the forward, and through its own backward (which runs after
-    this one's) where it saves it.
+    they live on only if this graph saves them; `released`: those of them, and of the transient
+    inputs this graph is the first to read (eager code's or an earlier graph's), that no frame
+    held, nor eager code saved, when a later graph (its number in the step) past their last
+    reader started: freed before that graph's forward instead. `kept_by_eager`: this graph's
+    tensors that eager code before it saves (`EagerCode.kept`): where this backward reads one,
+    it stays to this backward's end (autograd holds it for that code's backward, which runs
+    next). `read_earlier`: transient inputs that eager code made and an earlier graph read
+    too (T5's position bias, read by every layer's graph), each with the first graph to read
+    it and its name there: that graph counts it through the forward, and through its own
+    backward (which runs after this one's) where it saves it.
     `eager`: what the model's eager code around this graph leaves to the step."""
 
     transient_inputs: frozenset[str] = frozenset()

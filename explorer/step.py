@@ -7,8 +7,10 @@ their forwards kept (saved tensors, and outputs the user holds). The user's outp
 graph and their tangents (drawn before any backward runs) are alive through every backward, and
 the later graphs' parameter gradients through k's. A tensor that one graph makes and later
 graphs read (`Handoff`) is counted once: by its maker while the maker keeps it for its own
-backward, else by an earlier reader that saves it, else by its first reader. The Python frames
-between the graphs hold it until the model's forward returns; after that only a graph that
+backward, else by an earlier reader that saves it, else by its first reader (and through the
+graphs between its maker and a first reader further on than the next). The Python frames between
+the graphs hold it until the model's forward returns, or until the first graph after its last
+reader whose start finds no frame holding it (`Handoff.released`); after that only a graph that
 saves it keeps it. Its tangent comes from the later backwards through autograd, which hands it
 over: freed after its last use in the maker's backward (kept to the backward's end before torch
 2.13). So do the tangent of an output nobody holds (zeros, made as the maker's backward starts)
@@ -16,17 +18,18 @@ and, for an output the user holds and a later graph reads, autograd's sum of the
 and that graph's gradient, the user's own tangent alive beside it. An output nobody holds, the
 frames hold until the forward returns. A later graph's gradient for an earlier one's output
 (handed over, or one the user holds too: T5's encoder output, read by every decoder layer's
-graph) waits, held by autograd, for the maker's backward, from the last reader's on (a reader
-in between adds its own into it): read with eager code's from the autograd graph. What the
-model's eager code between the graphs holds (`EagerCode`, explorer.eager) is counted where it
-lives, and the moments when code outside the graphs holds more, measured when profiling
-(explorer.eagerpeaks), are points on top of what the graphs hold as each begins. The
-parameters, buffers and the user's inputs are counted once for the whole step
-(`static_bytes`), however many graphs read them, and so is model state that no graph reads
-(it is memory all the same). With one graph all of this reduces to that graph's own
-simulation plus that unread state and what eager code holds around it. Measured after every
-operator of a three-graph step, of a loop's graph run at every pass and of eager code between
-graphs, the prediction is exact (tests/test_backend.py).
+graph) waits, held by autograd, for the maker's backward, from the last reader's on (a reader in
+between adds its own into it): read with eager code's from the autograd graph. What the model's
+eager code between the graphs holds (`EagerCode`, explorer.eager) is counted where it lives, and
+the moments when code outside the graphs holds more, measured when profiling
+(explorer.eagerpeaks), are points on top of what the graphs hold as each begins; the gradients
+such code leaves for parameters the autograd graph does not reach, measured there too, are alive
+from where it made them to the step's end. The parameters, buffers and the user's inputs are
+counted once for the whole step (`static_bytes`), however many graphs read them, and so is model
+state that no graph reads (it is memory all the same). With one graph all of this reduces to
+that graph's own simulation plus that unread state and what eager code holds around it. Measured
+after every operator of a three-graph step, of a loop's graph run at every pass and of eager
+code between graphs, the prediction is exact (tests/test_backend.py).
 
 A graph the step runs several times (Dynamo runs one graph at every pass of a loop it split)
 is a graph of the step for each run, all runs under its one schedule (the runtime has one per
@@ -91,11 +94,16 @@ def step_timeline(
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
     moments = moments or [EagerPeaks()] * len(graphs)
-    lines, programs = _graph_timelines(
+    lines, programs, in_flight = _graph_timelines(
         graphs, schedules, workspace, handoffs, moments, layout_copies
     )
     eager = [h.eager for h in handoffs]
-    if len(lines) == 1 and lines[0].static_bytes == static_bytes and eager[0] == EagerCode():
+    if (
+        len(lines) == 1
+        and lines[0].static_bytes == static_bytes
+        and eager[0] == EagerCode()
+        and not _unreached_grads(moments, -1)
+    ):
         return lines[0]
     grads = [_param_grad_bytes(g, h) + h.eager.grads for g, h in zip(graphs, handoffs, strict=True)]
     out = Timeline([], [], [], static_bytes)
@@ -108,7 +116,7 @@ def step_timeline(
             _append(out, line, k, range(1), static_bytes)
             first = 1
         span = range(first, line.forward_end)
-        _append(out, line, k, span, static_bytes + held + eager[k].locals)
+        _append(out, line, k, span, static_bytes + held + eager[k].locals + in_flight[k])
         held += line.held_bytes
     out.held_bytes = held
     # a later graph's outputs the user holds, and their tangents, stay alive through the
@@ -124,6 +132,7 @@ def step_timeline(
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + eager[k].waiting
         around += backward_all + _kept_by_eager(k, eager, programs, graphs)
         around += _own_user_tangent_bytes(graphs[k], handoffs[k])
+        around += _unreached_grads(moments, k)
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around)
         held -= eager[k].saved
@@ -137,11 +146,15 @@ def _graph_timelines(
     handoffs: list[Handoff],
     moments: list[EagerPeaks],
     layout_copies: bool,
-) -> tuple[list[Timeline], list[StepProgram]]:
-    """Each graph's own simulation, a handed-over tensor counted by one graph only, and each
-    graph's program."""
+) -> tuple[list[Timeline], list[StepProgram], list[int]]:
+    """Each graph's own simulation, a handed-over tensor counted by one graph only, each
+    graph's program, and the bytes handed over past each graph's forward: a tensor that its
+    maker lets go of when its forward ends and a graph further on reads first, alive (held by
+    the frames) through the graphs in between, which neither counts (I-BERT's embeddings' sum,
+    read two graphs on)."""
     lines: list[Timeline] = []
     programs = []
+    in_flight = [0] * len(graphs)
     read: set[tuple[int, ValueRef]] = set()  # handed-over tensors an earlier graph reads
     saved: set[tuple[int, ValueRef]] = set()  # ... and saves for its backward
     programs_saves: list[set[int]] = []  # each graph's transient inputs its backward reads
@@ -168,11 +181,15 @@ def _graph_timelines(
             or programs[j].slot_of[(first, 0)] in programs_saves[j]
         )
         for name, j, ref in handoffs[k].sources:
+            kept = programs[j].slot_of.get(ref) in lines[j].kept_passed_on
+            if (j, ref) not in read and not kept:
+                for between in range(j + 1, k):
+                    in_flight[between] += graph.node(name).outputs[0].nbytes
             read.add((j, ref))
             if program.slot_of[(name, 0)] in saves:
                 saved.add((j, ref))
         lines.append(simulate(graph, program, workspace[k], held, moments[k], layout_copies))
-    return lines, programs
+    return lines, programs, in_flight
 
 
 def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> None:
@@ -199,6 +216,14 @@ def _kept_by_eager(
             if not read or run < first:
                 total += nbytes
     return total
+
+
+def _unreached_grads(moments: list[EagerPeaks], run: int) -> int:
+    """Bytes of gradients for parameters the step's autograd graph does not reach, alive
+    during `run`'s backward (-1: by the step's end): made by code after the last forward,
+    or after a later run's backward (measured: explorer.eagerpeaks)."""
+    after_forward = sum(m.grads_after_forward for m in moments)
+    return after_forward + sum(m.grads_after_backward for m in moments[run + 1 :])
 
 
 def _eager_throughout(eager: EagerCode) -> int:
@@ -276,17 +301,23 @@ class StepSolver:
         # a step that starts with the gradients an earlier one left (gradient accumulation)
         # holds them throughout, and autograd adds into them in place
         self.static_bytes = static_bytes + (grads if gradients_held else 0)
+        # gradients the autograd graph does not show, made in the backward (the safe side for
+        # one graph: counted at every operator)
+        unreached = _unreached_grads(moments or [], -1)
         # one graph: what the step holds beyond what that graph's own simulation counts
         # (model state no graph reads, what eager code before the graph saves for the
         # backward); its solver plans in its own bytes, a step budget less these
         self.beyond_graph_bytes = (
-            self.static_bytes - graphs[0].static_bytes() + _eager_throughout(handed[0].eager)
+            self.static_bytes
+            - graphs[0].static_bytes()
+            + _eager_throughout(handed[0].eager)
+            + unreached
             if self.single
             else 0
         )
         self.baseline = self.combine([s.baseline for s in solvers])
         single_fixed = solvers[0].fixed_bytes + self.beyond_graph_bytes
-        self.fixed_bytes = single_fixed if self.single else self.static_bytes + grads
+        self.fixed_bytes = single_fixed if self.single else self.static_bytes + grads + unreached
         self._minimum: Schedule | None = None
 
     @property

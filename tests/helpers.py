@@ -119,12 +119,16 @@ def assert_as_predicted(rows: list[tuple[str, int, int]]) -> None:
 
 
 def _called_by_graph_code() -> bool:
-    """Whether the operator being dispatched was called, at any depth, by a graph's code:
-    the runtime runs the code FX generates for each graph, whose file is '<eval_with_key>.N'."""
+    """Whether the operator being dispatched was called, at any depth, by a planned graph's
+    code: the runtime runs the code FX generates for each graph, whose file is
+    '<eval_with_key>.N'. Not a graph without gradients (code under no_grad, which the runtime
+    runs as AOTAutograd traced it, its file '<eval_with_key>.N from .../proxy_tensor.py ...'):
+    its operators are eager code's to the plan (a custom Function's forward)."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<eval_with_key>"):
-            return True
+        name = frame.f_code.co_filename
+        if name.startswith("<eval_with_key>"):
+            return " from " not in name
         frame = frame.f_back
     return False
 

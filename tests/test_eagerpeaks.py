@@ -95,21 +95,21 @@ def _exact_peaks(plan: explorer.Planner, x: torch.Tensor, points: int) -> int:
 
 
 def test_the_marks_of_one_step_become_each_runs_moments():
-    # two runs: bytes now, most since the last reading
+    # two runs: bytes now, most since the last reading, the unreached parameters' gradients
     readings = [
-        (FORWARD, START, 100, 150),  # the step began at 40: 110 above before the first run
-        (FORWARD, END, 300, 320),
-        (FORWARD, START, 350, 500),  # 200 above the first run's forward return
-        (FORWARD, END, 600, 600),
-        (BACKWARD, START, 650, 900),  # 300 above the second's
-        (BACKWARD, END, 500, 650),
-        (BACKWARD, START, 520, 540),  # 40 above the second run's backward return
-        (BACKWARD, END, 200, 520),
-        ("", "", 180, 260),  # 60 above the first run's
+        (FORWARD, START, 100, 150, 0),  # the step began at 40: 110 above before the first run
+        (FORWARD, END, 300, 320, 0),
+        (FORWARD, START, 350, 500, 0),  # 200 above the first run's forward return
+        (FORWARD, END, 600, 600, 0),
+        (BACKWARD, START, 650, 900, 0),  # 300 above the second's
+        (BACKWARD, END, 500, 650, 0),
+        (BACKWARD, START, 520, 540, 16),  # 40 above the second run's backward return, 16
+        (BACKWARD, END, 200, 520, 16),  # bytes of gradients left
+        ("", "", 180, 260, 16),  # 60 above the first run's
     ]
     assert peaks_from_readings(readings, 40, 2) == [
         EagerPeaks(110, 200, 60),
-        EagerPeaks(0, 300, 40),
+        EagerPeaks(0, 300, 40, grads_after_backward=16),
     ]
     # a step whose graphs ran otherwise than captured keeps no measurement of that part
     assert peaks_from_readings(readings, 40, 3) == [EagerPeaks()] * 3
@@ -153,6 +153,58 @@ def test_moments_around_two_graphs_are_planned(widths, moment):
     line = plan.timeline(plan.baseline())
     assert line.labels[line.steps.index(line.peak_bytes)].endswith(EAGER + moment)
     _exact_peaks(plan, x, points=3)
+
+
+class _RunAgainInBackward(torch.autograd.Function):
+    """Runs `layer` without autograd; its backward runs it again with autograd and
+    backpropagates through it, so the layer's parameters get their gradients there, out of
+    sight of the step's autograd graph (as Reformer's reversible layers do)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        ctx.layer = layer
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return layer(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            torch.autograd.backward(ctx.layer(x), grad)
+        return x.grad, None
+
+
+class _HiddenGradients(nn.Module):
+    """A graph, then layers run by `_RunAgainInBackward`: the step's output (`last`), or
+    followed by another graph."""
+
+    def __init__(self, last: bool) -> None:
+        super().__init__()
+        self.last = last
+        self.first = nn.Linear(32, 256)
+        self.hidden = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256))
+        self.head = nn.Linear(256, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the ctx alone keeps its input: the graph's backward needs no output of its own
+        h = _RunAgainInBackward.apply(self.first(x), self.hidden)
+        return h if self.last else self.head(torch.tanh(h))
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_gradients_a_custom_backward_makes_out_of_sight_are_planned(last):
+    # the hidden layers' gradients (526,336 bytes) were missing from every later operator's
+    # prediction: autograd's graph does not reach their parameters. catches: them left out
+    torch.manual_seed(0)
+    x = torch.randn(64, 32)
+    plan = explorer.Planner(_HiddenGradients(last), (x,))
+    moments = [run.eager for run in plan.profile().graphs]
+    hidden = sum(p.numel() * 4 for p in plan.model.hidden.parameters())
+    after = [m.grads_after_forward if last else m.grads_after_backward for m in moments]
+    assert sum(after) == hidden
+    _exact_peaks(plan, x, points=2)
 
 
 def test_a_profile_keeps_each_runs_moments(tmp_path):
