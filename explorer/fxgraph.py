@@ -102,6 +102,7 @@ def describe(
             refs[fxn] = (fxn.name, 0)
         elif fxn.op == "output":
             outs = _output_list(fxn)
+    _untagged_forward(nodes, [x for x in outs[:num_fwd_outputs] if isinstance(x, fx.Node)])
     as_ref = lambda x: refs[x] if isinstance(x, fx.Node) else None  # noqa: E731
     input_grads = [as_ref(x) for x in outs[num_fwd_outputs:]]
     for node, grad in zip(primals, input_grads, strict=False):
@@ -109,6 +110,27 @@ def describe(
             node.role = ROLE_BUFFER  # static and gets no gradient: a buffer or frozen weight
     _pin(nodes)
     return Graph(nodes, [as_ref(x) for x in outs[:num_fwd_outputs]], input_grads)
+
+
+def _untagged_forward(nodes: list[Node], forward_outputs: list[fx.Node]) -> None:
+    """Operators AOTAutograd left without a partitioner tag that the forward's outputs read
+    (directly or through other untagged ones) are the forward's: transformers' Switch
+    Transformers returns a view of its router's jittered input that AOTAutograd adds after
+    tagging, and counted as the backward's it was never computed in the forward (capture
+    failed inside the partitioner, `KeyError: view_8`)."""
+    by_name = {node.name: node for node in nodes}
+    stack = list(forward_outputs)
+    seen: set[fx.Node] = set()
+    while stack:
+        fxn = stack.pop()
+        if fxn in seen or fxn.op != "call_function":
+            continue
+        seen.add(fxn)
+        if is_getitem(fxn):
+            stack.append(fxn.args[0])
+        elif "partitioner_tag" not in fxn.meta and fxn.name in by_name:
+            by_name[fxn.name].phase = FORWARD
+            stack.extend(fxn.all_input_nodes)
 
 
 def _pin(nodes: list[Node]) -> None:

@@ -198,6 +198,37 @@ def test_constants_and_in_place_writes_in_the_forward():
     assert any(n.phase == BACKWARD for n in captured.graph.nodes)
 
 
+class _JitteredInput(nn.Module):
+    """As transformers' Switch Transformers routes: its second graph scales its input (a
+    tensor the first graph made) in place by random jitter and returns a view of it, which
+    AOTAutograd writes back into the input and adds to the joint graph untagged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.router, self.b = nn.Linear(32, 64), nn.Linear(64, 4), nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x).view(8, 4, 64)
+        torch._dynamo.graph_break()
+        h *= torch.empty_like(h).uniform_(0.9, 1.1)
+        logits = self.router(h)
+        flat = h.view(-1, 64)
+        torch._dynamo.graph_break()  # (Switch's experts take a data-dependent path)
+        return self.b(flat) + logits.view(-1, 4)
+
+
+def test_an_untagged_view_the_forward_returns_is_the_forwards():
+    # the view was taken for the backward's (untagged operators were), so the forward never
+    # computed it and capture failed inside the partitioner ("KeyError: view_7"; Switch
+    # Transformers could not be planned). catches: untagged operators left to the backward
+    torch.manual_seed(0)
+    x = torch.randn(32, 32)
+    plan = explorer.Planner(_JitteredInput(), (x,))
+    assert len(plan.capture()) == 3
+    report = plan.baseline().verify()
+    assert report.ok, report.format_table()
+
+
 def test_spectral_norm_power_iteration_is_pinned():
     """Operators that read a buffer the forward overwrites must never be recomputed."""
     model = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(8, 8)), nn.ReLU())
