@@ -341,7 +341,10 @@ def dynamo_settings() -> Iterator[None]:
     `retain_graph=True`. Dynamo skips the guards on a parameter (its `requires_grad` among
     them) while its module's parameter dict is unchanged; in PyTorch 2.11
     (pytorch/pytorch#139476) a layer unfrozen after the first step then kept the graph
-    captured while it was frozen and silently got no gradient, so those guards are kept."""
+    captured while it was frozen and silently got no gradient, so those guards are kept.
+    Dynamo would trace NumPy's random functions as torch's, drawing other numbers than the
+    unmodified model (HuBERT's SpecAugment masks) and moving torch's generator under its
+    dropouts: they run eagerly instead, from NumPy's own generator."""
     with (
         torch._dynamo.config.patch(
             skip_nnmodule_hook_guards=False,
@@ -349,6 +352,7 @@ def dynamo_settings() -> Iterator[None]:
             recompile_limit=64,
             accumulated_recompile_limit=4096,
             fail_on_recompile_limit_hit=True,
+            use_numpy_random_stream=True,
         ),
         torch._functorch.config.patch(donated_buffer=False),
     ):

@@ -396,7 +396,9 @@ def _attach_eager_code(
     (explorer.eager), and the tensors of its that eager code before it keeps past its
     backward (`Handoff.kept_by_eager`)."""
     runs = [_values(graph) for graph in captured]
-    codes = eager_code(runs, outputs, known, [graph.frames for graph in captured])
+    returned = {storage for graph in captured for _, storage in _tensor_outputs(graph)}
+    frames = [graph.frames for graph in captured]
+    codes = eager_code(runs, returned, outputs, known, frames)
     for graph, eager in zip(captured, codes, strict=True):
         graph.handoff = replace(graph.handoff, eager=eager)
     for before, eager in enumerate(codes):

@@ -13,8 +13,8 @@ What is counted (`explorer.program.EagerCode`): what eager code saves for the ba
 per storage; a graph's own tensor it saves is named, so that a schedule keeping it too is not
 counted twice), the gradients it makes for parameters no graph reads, the gradients waiting in
 autograd's buffers for eager code or a graph further back while other graphs' backwards run,
-the outputs it returns to the user with their tangents, and what its frames hold as each graph
-starts beyond all that (explorer.frames). Not read here: what eager code holds only between
+the outputs it returns to the user with their tangents (graphs that read one take it for the
+user's own), and what its frames hold as each graph starts beyond all that (explorer.frames). Not read here: what eager code holds only between
 two graphs' operators (what it saves or makes after the last graph's forward before its own
 backward runs, what frames take up and let go between two graphs' starts): measured when
 profiling instead (explorer.eagerpeaks). Counted twice (the safe side): a gradient an eager
@@ -41,15 +41,17 @@ COMPILED = "CompiledFunctionBackward"  # the autograd node of one run of a compi
 
 def eager_code(
     runs: list[list[tuple[ValueRef, torch.Tensor]]],
+    returned: set[int],
     outputs: list[torch.Tensor],
     known: list[torch.Tensor],
     frames: list[list[Held]],
 ) -> list[EagerCode]:
     """Per run of a graph (in the order they ran), what eager code leaves to the step there.
 
-    `runs`: the values each run read or returned, by their name in its graph; `outputs`: the
-    step's output tensors; `known`: the model's tensors and the step's inputs; `frames`: what
-    the model's frames held as each run started (explorer.frames)."""
+    `runs`: the values each run read or returned, by their name in its graph; `returned`: the
+    storages (addresses) the runs returned; `outputs`: the step's output tensors; `known`: the
+    model's tensors and the step's inputs; `frames`: what the model's frames held as each run
+    started (explorer.frames)."""
     ran, eager, leaves = _autograd_nodes(outputs)
     made = [_made(node) for node in ran]
     graph_tensors: dict[int, tuple[int, ValueRef]] = {}  # storage: the first run with it
@@ -95,7 +97,9 @@ def eager_code(
                     else:
                         found[-1].backward += _bytes(target.variable)
     _waiting(found, ran, placed)
-    _eager_outputs(found, made, outputs, state | set(graph_tensors))
+    # a graph that only reads an output eager code made takes it for the user's (counted by
+    # none): Switch Transformers' encoder output, its last dropout's, read by the decoder
+    _eager_outputs(found, made, outputs, state | returned)
     _leaves_graphs_read(found, leaves, last_run, held)
     for run, held_then in enumerate(frames):  # beyond what is counted elsewhere by then
         for storage in held_then:

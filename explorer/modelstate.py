@@ -3,17 +3,20 @@
 A capture runs the model's forward for real, and the peers' measurements run whole training
 steps; neither may change what the user trains. `kept` puts back, on exit, the buffers
 (BatchNorm running statistics and counters), the gradients of the parameters and of leaf
-inputs, every module's train/eval flag, and the RNG state (CPU, and the CUDA devices in use).
+inputs, every module's train/eval flag, and the random generators' states (torch's CPU one and
+those of the CUDA devices in use, NumPy's and Python's global ones).
 Parameters are not copied: a forward and a backward read them but do not write them.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
@@ -33,14 +36,18 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
     grads = [(t, t.grad) for t in grad_holders(model, inputs)]
     modes = [(m, m.training) for m in model.modules()]
     cuda = _cuda_devices(model, inputs)
+    numpy_state, python_state = numpy.random.get_state(), random.getstate()
     with torch.random.fork_rng(devices=cuda):
         if seed is not None:
             torch.random.default_generator.manual_seed(seed)
             for index in cuda:
                 torch.cuda.default_generators[index].manual_seed(seed)
+            seed_host_generators(seed)
         try:
             yield
         finally:
+            numpy.random.set_state(numpy_state)
+            random.setstate(python_state)
             with torch.no_grad():
                 for buffer, saved in buffers:
                     buffer.copy_(saved)
@@ -48,6 +55,14 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
                 tensor.grad = grad
             for module, training in modes:
                 module.training = training
+
+
+def seed_host_generators(seed: int) -> None:
+    """Seed NumPy's and Python's global generators, which a model's eager code may draw from
+    (transformers' HuBERT and Wav2Vec2 draw their SpecAugment masks with NumPy): a planned or
+    verified step draws the same from them whatever the caller drew before."""
+    numpy.random.seed(seed)
+    random.seed(seed)
 
 
 def copy_model(model: nn.Module) -> nn.Module:

@@ -124,6 +124,9 @@ def step_timeline(
     users = [line.user_bytes for line in lines]
     # ... and the earlier graphs' tangents the user holds are alive through the later ones'
     tangents = [_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
+    # ... and the user's own tangents for outputs a later graph reads too, from their maker's
+    # backward through every earlier one (CTRL's logits, read by its loss graph)
+    own = [_own_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
     backward_all = sum(e.backward for e in eager)  # eager code's, through every backward
     # the model's forward has returned
     held -= sum(line.frame_bytes - sum(line.released.values()) for line in lines)
@@ -131,7 +134,7 @@ def step_timeline(
         held -= lines[k].held_bytes - lines[k].frame_bytes
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + eager[k].waiting
         around += backward_all + _kept_by_eager(k, eager, programs, graphs)
-        around += _own_user_tangent_bytes(graphs[k], handoffs[k])
+        around += sum(own[k:])
         around += _unreached_grads(moments, k)
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around)

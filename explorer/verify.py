@@ -70,6 +70,7 @@ from explorer.modelstate import (
     generator_states,
     held_state,
     output_tensors,
+    seed_host_generators,
     tensors_in,
 )
 from explorer.schedule import Schedule
@@ -146,7 +147,8 @@ def training_step(
     tangent_dtype: torch.dtype | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
-    """One training step from the seed: forward (dropout seeded), then, given `loss`, backward
+    """One training step from the seed: forward (dropout seeded, and NumPy's and Python's
+    generators), then, given `loss`, backward
     from `loss(result)` (the outputs still held, as a loop that names them holds them);
     otherwise backward from random tangents on every output that requires grad, but an
     output that shares its storage with an earlier one (a view of it: CLIP returns
@@ -162,6 +164,7 @@ def training_step(
     transformers `DynamicCache` (`use_cache=True`) holds each layer's key and value states,
     which the step returns and the plan gives a tangent each, like any output."""
     torch.manual_seed(seed)
+    seed_host_generators(seed)
     result = model(*inputs, **(kwargs or {}))
     tensors = output_tensors(result)
     if loss is not None:
