@@ -14,11 +14,12 @@ per storage; a graph's own tensor it saves is named, so that a schedule keeping 
 counted twice), the gradients it makes for parameters no graph reads, the gradients waiting in
 autograd's buffers for eager code or a graph further back while other graphs' backwards run,
 the outputs it returns to the user with their tangents (graphs that read one take it for the
-user's own), and what its frames hold as each graph starts beyond all that (explorer.frames). Not read here: what eager code holds only between
-two graphs' operators (what it saves or makes after the last graph's forward before its own
-backward runs, what frames take up and let go between two graphs' starts): measured when
-profiling instead (explorer.eagerpeaks). Counted twice (the safe side): a gradient an eager
-operator passes on unchanged to two places (`a + b`).
+user's own), and what its frames hold as each graph starts beyond all that (explorer.frames).
+Not read here: what eager code holds only between two graphs' operators (what it saves or
+makes after the last graph's forward before its own backward runs, what frames take up and
+let go between two graphs' starts): measured when profiling instead (explorer.eagerpeaks).
+Counted twice (the safe side): a gradient an eager operator passes on unchanged to two places
+(`a + b`).
 """
 
 from __future__ import annotations

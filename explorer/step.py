@@ -133,7 +133,7 @@ def step_timeline(
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
         around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + eager[k].waiting
-        around += backward_all + _kept_by_eager(k, eager, programs, graphs)
+        around += backward_all + _kept_by_eager(k, eager, programs, graphs, handoffs)
         around += sum(own[k:])
         around += _unreached_grads(moments, k)
         backward = range(lines[k].forward_end, len(lines[k].steps))
@@ -203,22 +203,38 @@ def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> No
 
 
 def _kept_by_eager(
-    run: int, eager: list[EagerCode], programs: list[StepProgram], graphs: list[Graph]
+    run: int,
+    eager: list[EagerCode],
+    programs: list[StepProgram],
+    graphs: list[Graph],
+    handoffs: list[Handoff],
 ) -> int:
     """Bytes of the graphs' own tensors that eager code before `run` or an earlier run saves
     (EagerCode.kept), alive through `run`'s backward: from the forward's return to that
-    code's backward, less while the run that first has one keeps it for its own backward (it
-    is counted there), whichever view of it that backward reads (a graph saves the detached
-    alias of its output)."""
+    code's backward, less where a graph from the one that first has it to that code keeps
+    it for its own backward, which runs after that code's (it is counted there), whichever
+    view of it that backward reads (a graph saves the detached alias of its output): its
+    maker, or a later graph it was handed to (SEW's feature projection, which its position
+    convolution's graph saves and eager code adds to the convolution's output)."""
     total = 0
-    for code in eager[: run + 1]:
+    for before, code in enumerate(eager[: run + 1]):
         for first, ref, nbytes in code.kept:
-            program = programs[first]
-            views = storage_slots(graphs[first], program.slot_of, [ref])
-            read = any(views & set(instr.in_slots) for instr in program.backward)
-            if not read or run < first:
+            names = {first: ref} | {
+                j: (name, 0)
+                for j in range(first + 1, before)
+                for name, maker, made in handoffs[j].sources
+                if (maker, made) == (first, ref)
+            }
+            saved = any(_backward_reads(graphs[j], programs[j], name) for j, name in names.items())
+            if not saved or run < first:
                 total += nbytes
     return total
+
+
+def _backward_reads(graph: Graph, program: StepProgram, ref: ValueRef) -> bool:
+    """Whether the graph's backward reads `ref`'s storage, through any view of it."""
+    views = storage_slots(graph, program.slot_of, [ref])
+    return any(views & set(instr.in_slots) for instr in program.backward)
 
 
 def _unreached_grads(moments: list[EagerPeaks], run: int) -> int:
