@@ -71,6 +71,16 @@ def eager_code(
     # each eager node, with the run it comes before (`last`: after the last run's forward)
     placed = [(bisect.bisect(made, _made(node)), node) for node in eager]
     for before, node in placed:  # earliest first: a storage lives from its first save on
+        for tensor in _ctx_attributes(node):  # held with the autograd graph, to the step's end
+            storage = storage_address(tensor)
+            if storage in held or storage in saved_from:
+                continue
+            counted.add(storage)
+            saved_from[storage] = before
+            if before < last:
+                found[before].outputs += tensor.untyped_storage().nbytes()
+            else:
+                found[-1].backward += tensor.untyped_storage().nbytes()
         for tensor in _saved_tensors(node):
             storage = storage_address(tensor)
             if before == last:
@@ -227,9 +237,9 @@ def _made(node: Any) -> int:
 def _saved_tensors(node: Any) -> list[torch.Tensor]:
     """The tensors an eager autograd node saved for its backward (its `_saved_*` fields; a custom
     autograd.Function's, what its forward gave `ctx.save_for_backward`, which were missed: the
-    test's Function that keeps its input was 65,536 bytes under) but 0-dim ones: a number Python
-    passed is one (`x * 2` saves the 2, which no allocator's count holds), and a real one is a few
-    bytes."""
+    test's Function that keeps its input was 65,536 bytes under) but 0-dim ones: a number
+    Python passed is one (`x * 2` saves the 2, which no allocator's count holds), and a real
+    one is a few bytes."""
     found = []
     names = [name for name in dir(node) if name.startswith("_saved_")]
     if hasattr(node, "_raw_saved_tensors"):  # a custom autograd.Function's
@@ -240,6 +250,20 @@ def _saved_tensors(node: Any) -> list[torch.Tensor]:
         except RuntimeError:  # released already
             continue
     return [v for v in found if isinstance(v, torch.Tensor) and v.dim() > 0]
+
+
+def _ctx_attributes(node: Any) -> list:
+    """Tensors a custom autograd.Function's forward put on its ctx as attributes, alone or in
+    a list or tuple (Reformer's LSH attention keeps its buckets and sorting indices so): its
+    node is the ctx and holds them as long as it lives, past its backward (which frees only
+    what `save_for_backward` kept), while the step's outputs hold the autograd graph. A graph
+    that saves one too counts it again (the safe side)."""
+    if not hasattr(node, "_raw_saved_tensors"):  # not a custom Function's
+        return []
+    found = []
+    for value in vars(node).values():
+        found += value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in found if isinstance(v, torch.Tensor)]
 
 
 def _held_for(node: Any, name: str) -> list:

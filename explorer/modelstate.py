@@ -16,10 +16,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
+
+try:
+    import numpy
+except ImportError:  # an exported file's runtime needs torch alone (docs/API.md)
+    numpy = None
 
 # the seed a planned or verified step draws from: verify's step (explorer.verify) and the
 # captured forward (explorer.capture) alike, so that a branch on a random draw (LayerDrop)
@@ -36,7 +40,8 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
     grads = [(t, t.grad) for t in grad_holders(model, inputs)]
     modes = [(m, m.training) for m in model.modules()]
     cuda = _cuda_devices(model, inputs)
-    numpy_state, python_state = numpy.random.get_state(), random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    python_state = random.getstate()
     with torch.random.fork_rng(devices=cuda):
         if seed is not None:
             torch.random.default_generator.manual_seed(seed)
@@ -46,7 +51,8 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
         try:
             yield
         finally:
-            numpy.random.set_state(numpy_state)
+            if numpy is not None:
+                numpy.random.set_state(numpy_state)
             random.setstate(python_state)
             with torch.no_grad():
                 for buffer, saved in buffers:
@@ -61,7 +67,8 @@ def seed_host_generators(seed: int) -> None:
     """Seed NumPy's and Python's global generators, which a model's eager code may draw from
     (transformers' HuBERT and Wav2Vec2 draw their SpecAugment masks with NumPy): a planned or
     verified step draws the same from them whatever the caller drew before."""
-    numpy.random.seed(seed)
+    if numpy is not None:
+        numpy.random.seed(seed)
     random.seed(seed)
 
 

@@ -11,7 +11,12 @@ updates) and a forward value that only a recomputation needs is not computed in 
 
 FX code generation frees every value after its last use, and the boxed calling convention frees
 the saved tensors as soon as the backward has unpacked them, so the memory alive at each step is
-what `explorer.simulate` predicts for the same schedule.
+what `explorer.simulate` predicts for the same schedule. A value that a custom autograd.Function
+traced by Dynamo put on its ctx (`ctx.x = x`, not `save_for_backward`) is saved like any other:
+AOTAutograd would keep it apart, without a version-counter check, on its autograd node, alive
+past its last use to the step's end (131,072 bytes under the plan in the test's backward), so
+it gets that check too (an in-place write to it between the forward and the backward is an
+error, as for every other saved tensor).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from explorer.rngreplay import replay_in_place
 from explorer.schedule import GraphSchedule
 
 RECOMPUTE = "recompute"  # node.meta["remat"] of a recomputation in the backward graph
+# node.meta flag of a value a traced autograd.Function put on its ctx (torch._functorch)
+NO_VERSION_CHECK = "saved_tensor_with_no_vc_check"
 # node.meta["remat_source"]: the joint-graph node a backward node copies (names may change)
 
 
@@ -38,6 +45,14 @@ def partition(
     )
 
 
+def _copied(new: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node]) -> fx.Node:
+    """`node` copied into `new`, reading the latest copies of its inputs (`env`), saved as the
+    plan counts it if saved (module docstring)."""
+    made = new.node_copy(node, lambda n: env[n])
+    made.meta.pop(NO_VERSION_CHECK, None)
+    return made
+
+
 def _scheduled_joint(
     joint: fx.GraphModule, graph: Graph, schedule: GraphSchedule, num_fwd_outputs: int
 ) -> tuple[fx.GraphModule, list[fx.Node]]:
@@ -49,7 +64,7 @@ def _scheduled_joint(
     env: dict[fx.Node, fx.Node] = {}  # joint node -> its latest copy
 
     def copy(node: fx.Node, tag: str | None = None) -> fx.Node:
-        made = new.node_copy(node, lambda n: env[n])
+        made = _copied(new, node, env)
         made.meta["remat_source"] = node.name
         if tag is not None:
             made.meta["partitioner_tag"] = "is_backward"
@@ -58,7 +73,7 @@ def _scheduled_joint(
         env[node] = made
         for user in node.users:
             if is_getitem(user):
-                env[user] = new.node_copy(user, lambda n: env[n])
+                env[user] = _copied(new, user, env)
                 if tag is not None:
                     env[user].meta["partitioner_tag"] = "is_backward"
         return made

@@ -81,9 +81,10 @@ class EagerCode:
     own tensors (a graph's output or input the user does not hold: the graph run that first
     has it, its value there, its bytes), which the frames hold through the forward: kept from
     the forward's return to the end of this graph's backward, where that run's schedule does
-    not keep it longer. `outputs`: what that code returns to the user, alive from this
-    graph's forward to the end of the step. `grads`: the gradients that code makes for
-    parameters no graph reads, alive from the end of this graph's backward. `waiting`:
+    not keep it longer. `outputs`: what that code returns to the user, and what a custom
+    autograd.Function there puts on its ctx, alive from this graph's forward to the end of the
+    step. `grads`: the gradients that code makes for parameters no graph reads, alive from the
+    end of this graph's backward. `waiting`:
     gradients held in autograd's buffers through this graph's backward, made after it (by
     eager code or a later graph) for what eager code or an earlier graph made before it.
     `backward`: alive through every graph's backward (counted on the last graph): what the
