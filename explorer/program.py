@@ -76,23 +76,21 @@ class EagerCode:
     """What the model's eager code (operators Dynamo left outside every graph: a frame it runs
     eagerly, found by explorer.eager) leaves to a step around one of its graphs, in bytes.
 
-    `saved`: what the code just before this graph saves for its backward, held from this
-    graph's forward to the end of its backward. `kept`: what that code saves of the graphs'
-    own tensors (a graph's output or input the user does not hold: the graph run that first
-    has it, its value there, its bytes), which the frames hold through the forward: kept from
-    the forward's return to the end of this graph's backward, where that run's schedule does
-    not keep it longer. `outputs`: what that code returns to the user, and what a custom
-    autograd.Function there puts on its ctx, alive from this graph's forward to the end of the
-    step. `grads`: the gradients that code makes for parameters no graph reads, alive from the
-    end of this graph's backward. `waiting`:
-    gradients held in autograd's buffers through this graph's backward, made after it (by
-    eager code or a later graph) for what eager code or an earlier graph made before it.
-    `backward`: alive through every graph's backward (counted on the last graph): what the
-    code after the last graph returns and the gradients it makes for parameters no graph
-    reads, and the user's tangents for every output eager code made. `locals`: what the
-    frames of the model's code hold as this graph starts beyond all that and the graphs' own
-    tensors (a zeroed tensor eager code fills, a loop's random draws: explorer.frames), held
-    through this graph's forward."""
+    `saved`: what the code just before this graph saves for its backward, held from this graph's
+    forward to the end of its backward. `kept`: what that code saves of the graphs' own tensors (a
+    graph's output or input the user does not hold: the graph run that first has it, its value
+    there, its bytes), which the frames hold through the forward: kept from the forward's return to
+    the end of this graph's backward, where that run's schedule does not keep it longer. `outputs`:
+    what that code returns to the user, and what a custom autograd.Function there puts on its ctx,
+    alive from this graph's forward to the end of the step. `grads`: the gradients that code makes
+    for parameters no graph reads, alive from the end of this graph's backward. `waiting`: gradients
+    held in autograd's buffers through this graph's backward, made after it (by eager code or a
+    later graph) for what eager code or an earlier graph made before it. `backward`: alive through
+    every graph's backward (counted on the last graph): what the code after the last graph returns
+    and the gradients it makes for parameters no graph reads, and the user's tangents for every
+    output eager code made. `locals`: what the frames of the model's code hold as this graph starts
+    beyond all that and the graphs' own tensors (a zeroed tensor eager code fills, a loop's random
+    draws: explorer.frames), held through this graph's forward."""
 
     saved: int = 0
     kept: tuple[tuple[int, ValueRef, int], ...] = ()

@@ -148,14 +148,13 @@ def training_step(
     loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """One training step from the seed: forward (dropout seeded, and NumPy's and Python's
-    generators), then, given `loss`, backward
-    from `loss(result)` (the outputs still held, as a loop that names them holds them);
-    otherwise backward from random tangents on every output that requires grad, but an
-    output that shares its storage with an earlier one (a view of it: CLIP returns
-    `logits_per_image` as `logits_per_text.t()`): the graph returns that storage once and
+    generators), then, given `loss`, backward from `loss(result)` (the outputs still held, as a loop
+    that names them holds them); otherwise backward from random tangents on every output that
+    requires grad, but an output that shares its storage with an earlier one (a view of it: CLIP
+    returns `logits_per_image` as `logits_per_text.t()`): the graph returns that storage once and
     gets one tangent for it, which the plan counts, where a tangent per view is memory of the
-    caller's that no plan sees (16 bytes over CLIP's predicted peak). Returns the outputs,
-    detached, in pytree order.
+    caller's that no plan sees (16 bytes over CLIP's predicted peak). Returns the outputs, detached,
+    in pytree order.
 
     Tangents are drawn in each output's dtype, or in `tangent_dtype` and then cast (a float64
     run of a float32 model draws the float32 run's tangents).
