@@ -242,7 +242,7 @@ def _saved_tensors(node: Any) -> list[torch.Tensor]:
     one is a few bytes."""
     found = []
     names = [name for name in dir(node) if name.startswith("_saved_")]
-    if hasattr(node, "_raw_saved_tensors"):  # a custom autograd.Function's
+    if _is_custom_function(node):
         names.append("saved_tensors")
     for name in names:
         try:
@@ -258,12 +258,17 @@ def _ctx_attributes(node: Any) -> list:
     node is the ctx and holds them as long as it lives, past its backward (which frees only
     what `save_for_backward` kept), while the step's outputs hold the autograd graph. A graph
     that saves one too counts it again (the safe side)."""
-    if not hasattr(node, "_raw_saved_tensors"):  # not a custom Function's
+    if not _is_custom_function(node):
         return []
     found = []
     for value in vars(node).values():
         found += value if isinstance(value, (list, tuple)) else [value]
     return [v for v in found if isinstance(v, torch.Tensor)]
+
+
+def _is_custom_function(node: Any) -> bool:
+    """Whether the autograd node is a custom autograd.Function's (its ctx)."""
+    return hasattr(node, "_raw_saved_tensors")
 
 
 def _held_for(node: Any, name: str) -> list:

@@ -673,6 +673,13 @@ def _verified_to_the_byte(model: nn.Module, x: torch.Tensor, graphs: int):
     return plan, schedule
 
 
+def _exact_after_every_operator(model: nn.Module, x: torch.Tensor, graphs: int) -> None:
+    """`_verified_to_the_byte`, and the live bytes after every operator of the step as
+    predicted."""
+    plan, schedule = _verified_to_the_byte(model, x, graphs)
+    assert_as_predicted(live_bytes_by_operator(plan, schedule, (x,)))
+
+
 def test_a_runtime_that_keeps_handed_over_tangents_is_predicted_so(monkeypatch):
     """AOTAutograd in torch 2.11 and 2.12 keeps a graph's tangents through its backward,
     including the one autograd hands over for a tensor passed to a later graph; 2.13 and 2.14
@@ -736,9 +743,7 @@ def test_every_operator_of_a_three_graph_step_is_predicted_to_the_byte():
     # catches: any one of the nine (each undone was checked)
     torch.manual_seed(0)
     x = torch.randn(512, 32)
-    plan, schedule = _verified_to_the_byte(_ThreeGraphs(), x, graphs=3)
-    wrong = [row for row in live_bytes_by_operator(plan, schedule, (x,)) if row[1] != row[2]]
-    assert not wrong, f"{len(wrong)} operators (operator, predicted, measured): {wrong[:3]}"
+    _exact_after_every_operator(_ThreeGraphs(), x, graphs=3)
 
 
 class _HandedPastAGraph(nn.Module):
@@ -776,8 +781,7 @@ def test_tensors_handed_past_a_graph_or_let_go_by_the_frames_are_predicted_to_th
     # third graph). catches: either (each undone was checked)
     torch.manual_seed(0)
     x = torch.randn(64, 32)
-    plan, schedule = _verified_to_the_byte(_HandedPastAGraph(), x, graphs=4)
-    assert_as_predicted(live_bytes_by_operator(plan, schedule, (x,)))
+    _exact_after_every_operator(_HandedPastAGraph(), x, graphs=4)
 
 
 class _LogitsReadByALossGraph(nn.Module):
@@ -804,8 +808,7 @@ def test_the_users_tangent_for_an_output_a_later_graph_reads_lives_through_earli
     # from the first graph's backward on). catches: that tangent left out there
     torch.manual_seed(0)
     x = torch.randn(64, 32)
-    plan, schedule = _verified_to_the_byte(_LogitsReadByALossGraph(), x, graphs=3)
-    assert_as_predicted(live_bytes_by_operator(plan, schedule, (x,)))
+    _exact_after_every_operator(_LogitsReadByALossGraph(), x, graphs=3)
 
 
 @torch._dynamo.disable
@@ -836,8 +839,7 @@ def test_an_output_eager_code_makes_and_a_graph_reads_is_counted_with_its_tangen
     # that in the backward). catches: either left out
     torch.manual_seed(0)
     x = torch.randn(64, 32)
-    plan, schedule = _verified_to_the_byte(_EagerOutputReadByAGraph(), x, graphs=2)
-    assert_as_predicted(live_bytes_by_operator(plan, schedule, (x,)))
+    _exact_after_every_operator(_EagerOutputReadByAGraph(), x, graphs=2)
 
 
 @torch._dynamo.disable
@@ -873,8 +875,7 @@ def test_a_tensor_a_later_graph_and_eager_code_both_save_is_counted_once():
     # float32 over in the last graph's backward). catches: that counted twice
     torch.manual_seed(0)
     x = torch.randn(64, 32)
-    plan, schedule = _verified_to_the_byte(_SavedByAReaderAndEagerCode(), x, graphs=3)
-    assert_as_predicted(live_bytes_by_operator(plan, schedule, (x,)))
+    _exact_after_every_operator(_SavedByAReaderAndEagerCode(), x, graphs=3)
 
 
 def test_dropouts_drawn_once_run_fused_and_are_predicted_after_every_operator():
