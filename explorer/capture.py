@@ -220,8 +220,8 @@ def capture(
         )
     _refuse_checkpointed_batch_norm(captured)
     _refuse_sparse_tensors(captured)
-    outputs = output_tensors(result)
     known = [*tensors_in((args, kwargs)), *held_tensors(model)]
+    outputs = output_tensors(result, known)
     _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
     _attach_eager_code(captured, [*outputs, *losses], known)
     unreached = unreached_parameters(model, [*outputs, *losses])

@@ -66,6 +66,7 @@ def eager_code(
     counted = held | set(graph_tensors)
     kept = set(held)
     saved_from: dict[int, int] = {}  # storage: the run whose forward its save is counted from
+    saved_by: dict[int, int] = {}  # storage saved by eager code, to its node's backward: nbytes
     found = [EagerCode() for _ in runs]
     last = len(runs)
     # each eager node, with the run it comes before (`last`: after the last run's forward)
@@ -73,6 +74,11 @@ def eager_code(
     for before, node in placed:  # earliest first: a storage lives from its first save on
         for tensor in _ctx_attributes(node):  # held with the autograd graph, to the step's end
             storage = storage_address(tensor)
+            if storage in saved_by:  # an earlier node saved it: it now lives to the end
+                since = saved_from[storage]
+                found[since].saved -= saved_by[storage]
+                found[since].outputs += saved_by.pop(storage)
+                continue
             if storage in held or storage in saved_from:
                 continue
             counted.add(storage)
@@ -88,7 +94,8 @@ def eager_code(
             if storage not in counted:
                 counted.add(storage)
                 saved_from[storage] = before
-                found[before].saved += tensor.untyped_storage().nbytes()
+                saved_by[storage] = tensor.untyped_storage().nbytes()
+                found[before].saved += saved_by[storage]
             elif storage in graph_tensors and storage not in kept:
                 kept.add(storage)
                 run, ref = graph_tensors[storage]
@@ -110,7 +117,7 @@ def eager_code(
     _waiting(found, ran, placed)
     # a graph that only reads an output eager code made takes it for the user's (counted by
     # none): Switch Transformers' encoder output, its last dropout's, read by the decoder
-    _eager_outputs(found, made, outputs, state | returned)
+    _eager_outputs(found, made, outputs, state | returned, frames)
     _leaves_graphs_read(found, leaves, last_run, held)
     for run, held_then in enumerate(frames):  # beyond what is counted elsewhere by then
         for storage in held_then:
@@ -169,16 +176,27 @@ def _waiting(found: list[EagerCode], ran: list[Any], placed: list[tuple[int, Any
 
 
 def _eager_outputs(
-    found: list[EagerCode], made: list[int], outputs: list[torch.Tensor], not_eager: set[int]
+    found: list[EagerCode],
+    made: list[int],
+    outputs: list[torch.Tensor],
+    not_eager: set[int],
+    frames: list[list[Held]],
 ) -> None:
-    """The step's outputs that eager code made, and the user's tangents for them."""
+    """The step's outputs that eager code made, and the user's tangents for them. One without
+    an autograd node (Reformer's cache states) is placed by the first run whose frames held it
+    as it started (`frames`), or after the last run's forward if none did."""
     counted = set(not_eager)
+    held_at = [{held.address for held in run} for run in frames]
     for tensor in outputs:
-        if storage_address(tensor) in counted:
+        storage = storage_address(tensor)
+        if storage in counted:
             continue
-        counted.add(storage_address(tensor))
+        counted.add(storage)
         node = tensor.grad_fn
-        before = bisect.bisect(made, _made(node)) if node is not None else len(found)
+        if node is not None:
+            before = bisect.bisect(made, _made(node))
+        else:
+            before = next((k for k, held in enumerate(held_at) if storage in held), len(found))
         if before < len(found):
             found[before].outputs += tensor.untyped_storage().nbytes()
         else:
@@ -256,8 +274,9 @@ def _ctx_attributes(node: Any) -> list:
     """Tensors a custom autograd.Function's forward put on its ctx as attributes, alone or in
     a list or tuple (Reformer's LSH attention keeps its buckets and sorting indices so): its
     node is the ctx and holds them as long as it lives, past its backward (which frees only
-    what `save_for_backward` kept), while the step's outputs hold the autograd graph. A graph
-    that saves one too counts it again (the safe side)."""
+    what `save_for_backward` kept), while the step's outputs hold the autograd graph. One an
+    earlier eager node saved lives from that save to the end; a graph that saves one too
+    counts it again (the safe side)."""
     if not _is_custom_function(node):
         return []
     found = []

@@ -124,17 +124,23 @@ def tensors_in(inputs: Any) -> list[torch.Tensor]:
     return [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]
 
 
-def output_tensors(result: Any) -> list[torch.Tensor]:
+def output_tensors(result: Any, known: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """The tensors a model's result holds: those of its nest of tuples, lists, dicts and
-    registered pytree nodes (`ModelOutput`), in that order, then the step's tensors (with a
-    `grad_fn`) inside objects that pytree does not open, found through their attributes,
-    lists, tuples and dicts, depth first: a transformers `DynamicCache` (`use_cache=True`)
-    holds each layer's key and value states so. Modules are not searched: their parameters
-    are not outputs."""
+    registered pytree nodes (`ModelOutput`), in that order, then the step's tensors inside
+    objects that pytree does not open, found through their attributes, lists, tuples and
+    dicts, depth first: a transformers `DynamicCache` (`use_cache=True`) holds each layer's
+    key and value states so. The step's are those with a `grad_fn`, and, given the tensors
+    that existed before the step (`known`: the model's and the inputs), every other one:
+    Reformer's cache holds states its custom Function made without a `grad_fn` (8,192 bytes
+    the user holds to the step's end). Modules are not searched: their parameters are not
+    outputs."""
     leaves = tree_leaves(result)
     found = [x for x in leaves if isinstance(x, torch.Tensor)]
     inside = reachable_tensors([x for x in leaves if not isinstance(x, torch.Tensor)])
-    return found + [x for x in inside if x.grad_fn is not None]
+    if known is None:
+        return found + [x for x in inside if x.grad_fn is not None]
+    existed = {storage_address(t) for t in known}
+    return found + [x for x in inside if x.grad_fn is not None or storage_address(x) not in existed]
 
 
 def reachable_tensors(values: list[Any], depth: int | None = None) -> list[torch.Tensor]:
