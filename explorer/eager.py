@@ -66,27 +66,27 @@ def eager_code(
     counted = held | set(graph_tensors)
     kept = set(held)
     saved_from: dict[int, int] = {}  # storage: the run whose forward its save is counted from
-    saved_by: dict[int, int] = {}  # storage saved by eager code, to its node's backward: nbytes
+    saved_only: set[int] = set()  # storages eager code saved, counted to its node's backward
     found = [EagerCode() for _ in runs]
     last = len(runs)
     # each eager node, with the run it comes before (`last`: after the last run's forward)
     placed = [(bisect.bisect(made, _made(node)), node) for node in eager]
     for before, node in placed:  # earliest first: a storage lives from its first save on
         for tensor in _ctx_attributes(node):  # held with the autograd graph, to the step's end
-            storage = storage_address(tensor)
-            if storage in saved_by:  # an earlier node saved it: it now lives to the end
-                since = saved_from[storage]
-                found[since].saved -= saved_by[storage]
-                found[since].outputs += saved_by.pop(storage)
+            storage, nbytes = storage_address(tensor), tensor.untyped_storage().nbytes()
+            if storage in saved_only:  # an earlier node saved it: it now lives to the end
+                saved_only.remove(storage)
+                found[saved_from[storage]].saved -= nbytes
+                found[saved_from[storage]].outputs += nbytes
                 continue
             if storage in held or storage in saved_from:
                 continue
             counted.add(storage)
             saved_from[storage] = before
             if before < last:
-                found[before].outputs += tensor.untyped_storage().nbytes()
+                found[before].outputs += nbytes
             else:
-                found[-1].backward += tensor.untyped_storage().nbytes()
+                found[-1].backward += nbytes
         for tensor in _saved_tensors(node):
             storage = storage_address(tensor)
             if before == last:
@@ -94,8 +94,8 @@ def eager_code(
             if storage not in counted:
                 counted.add(storage)
                 saved_from[storage] = before
-                saved_by[storage] = tensor.untyped_storage().nbytes()
-                found[before].saved += saved_by[storage]
+                saved_only.add(storage)
+                found[before].saved += tensor.untyped_storage().nbytes()
             elif storage in graph_tensors and storage not in kept:
                 kept.add(storage)
                 run, ref = graph_tensors[storage]
