@@ -69,6 +69,7 @@ from explorer.modelstate import (
     drew_alike,
     generator_states,
     held_state,
+    held_tensors,
     output_tensors,
     seed_host_generators,
     tensors_in,
@@ -161,11 +162,16 @@ def training_step(
 
     Outputs inside objects that pytree does not open count too, after the others: a
     transformers `DynamicCache` (`use_cache=True`) holds each layer's key and value states,
-    which the step returns and the plan gives a tangent each, like any output."""
+    which the step returns and the plan gives a tangent each, like any output; and every
+    tensor there that is neither the model's nor an input, a grad_fn or not, is compared
+    (Reformer's cache holds states its custom Function made without one)."""
     torch.manual_seed(seed)
     seed_host_generators(seed)
     result = model(*inputs, **(kwargs or {}))
-    tensors = output_tensors(result)
+    known = tensors_in((inputs, kwargs))  # as capture takes them: after the forward
+    if isinstance(model, nn.Module):  # a plain function's step holds no tensors of its own
+        known += held_tensors(model)
+    tensors = output_tensors(result, known)
     if loss is not None:
         loss_of(result, loss).backward()
         return [o.detach() for o in tensors]

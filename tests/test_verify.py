@@ -12,7 +12,7 @@ from torch import nn
 import explorer
 from explorer.errors import UserError
 from explorer.models import build
-from explorer.verify import _peak_row, compare
+from explorer.verify import _peak_row, compare, training_step
 
 
 def test_a_missing_gradient_fails_its_row():
@@ -318,5 +318,44 @@ def test_a_model_that_keeps_tensors_of_its_last_step_is_verified(tmp_path):
     path = explorer.Planner(model, x).baseline().export(tmp_path / "keeps_plan.py")
     model(x)
     assert model.last[0].grad_fn is not None
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    assert report.ok, report.format_table()
+
+
+class _Summary:
+    """A plain object, which pytree does not open (as Reformer's cache is)."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+
+
+class _ReturnsAStateAndABuffer(nn.Module):
+    """Returns, inside a plain object, a state made without a gradient (Reformer's reversible
+    Function fills its cache so) and one of its own buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.head = nn.Linear(8, 16), nn.Linear(16, 2)
+        self.register_buffer("scale", torch.full((16,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, _Summary]:
+        h = self.first(x)
+        with torch.no_grad():
+            state = torch.tanh(h) * self.scale
+        return self.head(torch.relu(h)), _Summary([state, self.scale])
+
+
+def test_the_step_compares_a_state_without_gradient_but_not_the_model_s_own_tensors(tmp_path):
+    # catches: verify comparing only the tensors with a grad_fn from objects pytree does not
+    # open (a state the user holds, never compared), and comparing a buffer the model returns
+    # there as if the step had made it
+    torch.manual_seed(0)
+    model, x = _ReturnsAStateAndABuffer(), torch.randn(4, 8)
+    outputs = training_step(model, (x,), 0)
+    with torch.no_grad():
+        state = torch.tanh(model.first(x)) * model.scale
+    assert [tuple(o.shape) for o in outputs] == [(4, 2), (4, 16)]
+    assert torch.equal(outputs[1], state)
+    path = explorer.Planner(model, x).baseline().export(tmp_path / "state_plan.py")
     report = explorer.verify(path, model=model, example_inputs=(x,))
     assert report.ok, report.format_table()
