@@ -548,9 +548,13 @@ class StepMilp:
         return None if outcome.objective is None else outcome.objective * self.unit
 
     def _neighbourhood(self, free: range, reach: int | None) -> pulp.LpProblem:
-        """The model restricted to re-deciding the windows of stages `free` (see `run`):
-        the storages those windows read or make stay free everywhere, with the memory of
-        every stage they appear in; every other variable keeps its start value."""
+        """The model restricted to re-deciding the windows of stages `free` (see `run`): the
+        storages those windows read or make are free at those stages, with the memory of
+        every stage they appear in; every other variable keeps its start value, but the
+        availability a window's choice carries back to earlier stages (see `_tied_before`).
+        After the windows a storage stays available exactly as at the start: what a later
+        stage reads or makes again there is fixed, so a start that keeps nothing it need
+        not loses nothing by it."""
         stages = set(free) & set(range(self.n))
         touched: set[Root] = set()
         free_vars: set[pulp.LpVariable] = set()
@@ -559,8 +563,48 @@ class StepMilp:
             for a in self._within_reach(i, reach):
                 touched.update(self._touched(a))
                 free_vars.add(self.redo[(i, a)])
-        free_vars.update(x for (i, s), x in self.avail.items() if s in touched)
-        return self._restricted(free_vars, stages)
+        if not stages:  # a window past the last stage: nothing to re-decide
+            return self._restricted(free_vars, stages)
+        first, last = min(stages), max(stages)
+        fixed_reads = self._fixed_reads(first)
+        tied: dict[pulp.LpVariable, pulp.LpVariable] = {}
+        for s in touched:
+            free_vars.update(
+                self.avail[(i, s)] for i in range(first, last + 1) if (i, s) in self.avail
+            )
+            tied.update(self._tied_before(first, s, fixed_reads))
+        return self._restricted(free_vars, stages, tied)
+
+    def _fixed_reads(self, first: int) -> list[set[Root]]:
+        """For each stage before `first`, the storages it needs available or made there,
+        its start's recomputations fixed: what its backward operator reads, and what they
+        read."""
+        return [
+            set(self.reads[i]).union(
+                *(self.ops_reads[a] for a in self.candidates[i] if _is_one(self.redo[(i, a)]))
+            )
+            for i in range(first)
+        ]
+
+    def _tied_before(
+        self, first: int, s: Root, fixed_reads: list[set[Root]]
+    ) -> dict[pulp.LpVariable, pulp.LpVariable]:
+        """Storage s's availability entering the stages before `first` that follow its last
+        read or remaking there, each tied to its availability entering `first`: with every
+        read and remaking of those stages fixed, it can only fall from one stage to the next,
+        and falling earlier only frees memory, so the least that serves the windows is
+        available throughout or not at all (from the forward's end when nothing earlier
+        reads or makes it: the save decision itself). Where it is read or made again later,
+        it stays as at the start. The one variable replaces up to 33 on gpt_2_layers."""
+        joined = self.avail.get((first, s))
+        if joined is None:
+            return {}
+        tail = 0
+        for i in range(first):
+            made = self._made(i, s)
+            if s in fixed_reads[i] or (made is not None and _is_one(made)):
+                tail = i + 1
+        return {self.avail[(j, s)]: joined for j in range(tail, first) if (j, s) in self.avail}
 
     def _within_reach(self, i: int, reach: int | None) -> list[str]:
         """The operators window i may re-decide: those the start runs there, and those
@@ -576,7 +620,12 @@ class StepMilp:
             frontier = {self.maker[s] for a in frontier for s in self.ops_reads[a] if self.maker[s]}
         return [a for a in self.candidates[i] if a in near or _is_one(self.redo[(i, a)])]
 
-    def _restricted(self, free_vars: set[pulp.LpVariable], stages: set[int]):
+    def _restricted(
+        self,
+        free_vars: set[pulp.LpVariable],
+        stages: set[int],
+        tied: dict[pulp.LpVariable, pulp.LpVariable] | None = None,
+    ):
         """The model with only the binaries `free_vars` free (stages `stages` hold the free
         recomputations) and every other variable fixed to its start value: a row left
         without a free variable (the start satisfies it) is dropped.
@@ -587,14 +636,16 @@ class StepMilp:
         instead of making it again); every other stage keeps its start's recomputations and
         releases, and its rows fold into one (see _folded_rows). On sample:gpt a 16-stage
         window of reach 2 fell from 9,000 to 24,000 rows to 2,000 to 9,400, and a window
-        run (writing the model, CBC, reading back) from 0.6 to 1.0 s to 0.2 to 0.7 s."""
+        run (writing the model, CBC, reading back) from 0.6 to 1.0 s to 0.2 to 0.7 s.
+        `tied`: variables replaced by another (free) one wherever they appear."""
+        tied = tied or {}
         free_vars = set(free_vars) | {self.peak}
         free_vars |= {z for x in list(free_vars) for z in self._linked.get(x, ())}
         whole = {j for i in stages for j in (i - 1, i) if j >= 0 and self.local[j]}
         folded = [j for j in range(self.n) if j not in whole and self.local[j]]
         sub = pulp.LpProblem("window", pulp.LpMinimize)
-        for row in self._shared_rows_with(free_vars):
-            self._add_fixed_out(sub, row, free_vars)
+        for row in self._shared_rows_with(free_vars | tied.keys()):
+            self._add_fixed_out(sub, row, free_vars, tied=tied)
         for j in sorted(whole):
 
             def redo(a: str, j: int = j) -> pulp.LpVariable | int:
@@ -607,18 +658,14 @@ class StepMilp:
                 if self.redo[(j, a)] in free_vars or _is_one(self.redo[(j, a)])
             ]
             for row in self._stage_rows(j, window, redo, False):
-                self._add_fixed_out(sub, row, free_vars, self.local[j])
-        for row in self._folded_rows(folded, free_vars):
+                self._add_fixed_out(sub, row, free_vars, self.local[j], tied)
+        for row in self._folded_rows(folded, free_vars, tied):
             sub += row
         objective = self.prob.objective
         if self.tie_break is not None:
             objective = objective + self.tie_break
-        sub.setObjective(
-            pulp.LpAffineExpression(
-                {x: c for x, c in objective.items() if x in free_vars},
-                _at_start((x, c) for x, c in objective.items() if x not in free_vars),
-            )
-        )
+        terms, constant = _fixed_out(objective.items(), 0.0, free_vars, frozenset(), tied)
+        sub.setObjective(pulp.LpAffineExpression(terms, constant))
         for x in sub.variables():  # CBC will overwrite them: set_start puts them back
             self._lent.setdefault(x, x.varValue)
         return sub
@@ -629,20 +676,18 @@ class StepMilp:
         row: pulp.LpConstraint,
         free_vars: set[pulp.LpVariable],
         local: set[pulp.LpVariable] = frozenset(),  # type: ignore[assignment]
+        tied: dict[pulp.LpVariable, pulp.LpVariable] | None = None,
     ) -> None:
-        """Add `row` to `sub` with every variable in neither `free_vars` nor `local` replaced
-        by its start value (nothing if none is left)."""
-        terms, constant = {}, row.constant
-        for x, coef in row.items():
-            if x in free_vars or x in local:
-                terms[x] = coef
-            else:
-                constant += coef * (x.varValue or 0.0)
+        """Add `row` to `sub` (see `_fixed_out`; nothing if no variable is left)."""
+        terms, constant = _fixed_out(row.items(), row.constant, free_vars, local, tied or {})
         if terms:
             sub += pulp.LpConstraint(pulp.LpAffineExpression(terms, constant), row.sense)
 
     def _folded_rows(
-        self, folded: list[int], free_vars: set[pulp.LpVariable]
+        self,
+        folded: list[int],
+        free_vars: set[pulp.LpVariable],
+        tied: dict[pulp.LpVariable, pulp.LpVariable],
     ) -> list[pulp.LpConstraint]:
         """For each stage of `folded` (all its recomputations and releases fixed): one row,
         its entry's free part plus its highest point at the start less that part, at most
@@ -653,14 +698,16 @@ class StepMilp:
             high = self._start_high(j)
             for root, y in self.releases[j]:
                 kept = self.avail.get((j + 1, root))
+                kept = tied.get(kept, kept)
                 if _is_one(y) and kept is not None and kept in free_vars:
                     rows.append(kept <= 0)
-            entry = {x: c for x, c in self.entry[j].items() if x in free_vars}
+            entry = {x: c for x, c in self.entry[j].items() if x in free_vars or x in tied}
             if not entry:
                 fixed_high = max(fixed_high, high)
                 continue
             high -= _at_start(entry.items())
-            rows.append(pulp.LpAffineExpression(entry, high) <= self.peak)
+            terms, _ = _fixed_out(entry.items(), 0.0, free_vars, frozenset(), tied)
+            rows.append(pulp.LpAffineExpression(terms, high) <= self.peak)
         rows.append(self.peak >= fixed_high)
         return rows
 
@@ -876,6 +923,25 @@ def _sum_at_most(
 def _at_start(terms: Iterable[tuple[pulp.LpVariable, float]]) -> float:
     """The value of a sum of terms at the current solution (or start)."""
     return sum(c * (x.varValue or 0.0) for x, c in terms)
+
+
+def _fixed_out(
+    items: Iterable[tuple[pulp.LpVariable, float]],
+    constant: float,
+    free_vars: set[pulp.LpVariable],
+    local: set[pulp.LpVariable],
+    tied: dict[pulp.LpVariable, pulp.LpVariable],
+) -> tuple[dict[pulp.LpVariable, float], float]:
+    """Terms and constant of a row with each tied variable replaced by the one it is tied
+    to, and every variable then in neither `free_vars` nor `local` by its start value."""
+    terms: dict[pulp.LpVariable, float] = {}
+    for x, coef in items:
+        x = tied.get(x, x)
+        if x in free_vars or x in local:
+            terms[x] = terms.get(x, 0.0) + coef
+        else:
+            constant += coef * (x.varValue or 0.0)
+    return {x: c for x, c in terms.items() if c}, constant
 
 
 def _is_one(x: pulp.LpVariable) -> bool:
