@@ -549,12 +549,14 @@ class StepMilp:
 
     def _neighbourhood(self, free: range, reach: int | None) -> pulp.LpProblem:
         """The model restricted to re-deciding the windows of stages `free` (see `run`): the
-        storages those windows read or make are free at those stages, with the memory of
-        every stage they appear in; every other variable keeps its start value, but the
-        availability a window's choice carries back to earlier stages (see `_tied_before`).
-        After the windows a storage stays available exactly as at the start: what a later
-        stage reads or makes again there is fixed, so a start that keeps nothing it need
-        not loses nothing by it."""
+        recomputations they may run, the availability at their stages of the storages those
+        read or make, and the memory of every stage these appear in. Before the windows, such
+        a storage's availability is tied to its availability entering them (`_tied_before`);
+        after them it stays as at the start, which keeps each copy only up to its last read
+        (`_available_entering`): the later stages' reads and remakings are fixed, so they
+        need no more. Every other variable keeps its start value. (A window's model has a
+        third of the variables it had with that availability free at every stage; every
+        window compared had the same optimum either way: docs/BENCHMARKS.md.)"""
         stages = set(free) & set(range(self.n))
         touched: set[Root] = set()
         free_vars: set[pulp.LpVariable] = set()
