@@ -53,11 +53,10 @@ from explorer.modelstate import (
     STEP_SEED,
     drew_alike,
     generator_states,
-    held_tensors,
     kept,
     output_tensors,
+    step_inputs_and_state,
     storage_address,
-    tensors_in,
 )
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
@@ -220,7 +219,7 @@ def capture(
         )
     _refuse_checkpointed_batch_norm(captured)
     _refuse_sparse_tensors(captured)
-    known = [*tensors_in((args, kwargs)), *held_tensors(model)]
+    known = step_inputs_and_state(model, (args, kwargs))
     outputs = output_tensors(result, known)
     _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
     _attach_eager_code(captured, [*outputs, *losses], known)

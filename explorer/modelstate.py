@@ -124,6 +124,16 @@ def tensors_in(inputs: Any) -> list[torch.Tensor]:
     return [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]
 
 
+def step_inputs_and_state(model: Any, inputs: Any) -> list[torch.Tensor]:
+    """The tensors that existed before a step's outputs (`output_tensors`' `known`): the
+    inputs', and, for a module, every tensor it holds, taken after the forward (a module may
+    keep new ones as attributes). A plain function's step holds none of its own."""
+    known = tensors_in(inputs)
+    if isinstance(model, nn.Module):
+        known += held_tensors(model)
+    return known
+
+
 def output_tensors(result: Any, known: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """The tensors a model's result holds: those of its nest of tuples, lists, dicts and
     registered pytree nodes (`ModelOutput`), in that order, then the step's tensors inside

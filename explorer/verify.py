@@ -69,9 +69,9 @@ from explorer.modelstate import (
     drew_alike,
     generator_states,
     held_state,
-    held_tensors,
     output_tensors,
     seed_host_generators,
+    step_inputs_and_state,
     tensors_in,
 )
 from explorer.schedule import Schedule
@@ -168,10 +168,7 @@ def training_step(
     torch.manual_seed(seed)
     seed_host_generators(seed)
     result = model(*inputs, **(kwargs or {}))
-    known = tensors_in((inputs, kwargs))  # as capture takes them: after the forward
-    if isinstance(model, nn.Module):  # a plain function's step holds no tensors of its own
-        known += held_tensors(model)
-    tensors = output_tensors(result, known)
+    tensors = output_tensors(result, step_inputs_and_state(model, (inputs, kwargs)))
     if loss is not None:
         loss_of(result, loss).backward()
         return [o.detach() for o in tensors]
