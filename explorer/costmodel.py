@@ -24,6 +24,7 @@ import torch
 from explorer.errors import UserError
 from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
 from explorer.profile import Profile
+from explorer.rngreplay import META_STANDS_FOR
 
 COMPUTE_EFFICIENCY = 0.6  # share of peak FLOPs that large convolutions and products reach
 MEMORY_EFFICIENCY = 0.8  # share of peak bandwidth that streaming kernels reach
@@ -156,20 +157,32 @@ def analytic_profile(graph: Graph, device_name: str) -> Profile:
     )
 
 
-def meta_graph(spec: str, batch_size: int, input_size: int | None = None) -> Graph:
+def meta_graph(
+    spec: str, batch_size: int, input_size: int | None = None, stands_for: str = "cuda"
+) -> Graph:
     """The training step of SPEC's model at any size, captured on the meta device: shapes
     and sizes only, nothing allocated or run (the model is first built at batch 2 on the CPU
-    to get its example input, then moved to the meta device)."""
+    to get its example input, then moved to the meta device). The step is captured as on
+    `stands_for` ("cuda", the analytic GPUs', or "cpu"): its dropouts are split so that
+    their masks may be recomputed as they would be there (explorer.rewrite), where left
+    whole every dropout's float output was pinned (sample:gpt b8 256 px on a P100: the least
+    peak 0.462 of the activations, not 0.24)."""
     from explorer.capture import capture
     from explorer.models import build
 
+    if stands_for not in ("cuda", "cpu"):
+        raise UserError(f"meta_graph: stands_for must be 'cuda' or 'cpu', not {stands_for!r}")
     built = build(spec, 2, input_size)
     model = built.model.to("meta").train()
     inputs = tuple(
         torch.zeros((batch_size, *x.shape[1:]), dtype=x.dtype, device="meta")
         for x in built.example_inputs
     )
-    graphs = capture(model, inputs)
+    token = META_STANDS_FOR.set(stands_for)
+    try:
+        graphs = capture(model, inputs)
+    finally:
+        META_STANDS_FOR.reset(token)
     if len(graphs) != 1:
         raise UserError(
             f"{spec} traces to {len(graphs)} graphs; the cost model plans one-graph steps only"

@@ -32,7 +32,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from explorer.rngreplay import BERNOULLI_MASK, CUDA_DROPOUT_MASK, RNG_STATE
+from explorer.rngreplay import BERNOULLI_MASK, CUDA_DROPOUT_MASK, RNG_STATE, device_kind
 
 aten = torch.ops.aten
 DROPOUT_P = "remat_dropout_p"  # node.meta of a split dropout's mask: the dropout's p
@@ -68,12 +68,13 @@ def compact_dropout(joint: fx.GraphModule) -> int:
 def _mask_draw(x: fx.Node, x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
     """The mask operator's (target, arguments after the state) and the output's scale for a
     dropout of `x` (its value `x_val`) on its device, or None where its mask cannot be drawn
-    again."""
+    again. A meta tensor is on the device it stands for (explorer.rngreplay.device_kind)."""
     keep = 1.0 - p
-    if x_val.device.type == "cpu":
+    kind = device_kind(x_val)
+    if kind == "cpu":
         scale = 0.0 if keep == 0 else float(torch.tensor(1.0 / keep, dtype=x_val.dtype))
         return (BERNOULLI_MASK, (list(x_val.shape), keep)), scale
-    if x_val.device.type != "cuda" or not 0.0 < p < 1.0 or x_val.storage_offset() != 0:
+    if kind != "cuda" or not 0.0 < p < 1.0 or x_val.storage_offset() != 0:
         return None  # p 0 or 1 takes other kernels; an offset start may change the launch
     if x_val.dtype in _CUDA_FLOATS:
         one = torch.tensor(1.0, dtype=torch.float32)

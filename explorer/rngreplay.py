@@ -32,11 +32,26 @@ not handle it, such as a memory tracker's; custom operators pass through every m
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 import torch
 from torch import fx
 
 STATE_BYTES = torch.get_rng_state().numel()  # uint8 elements of the CPU generator's state
 CUDA_STATE_BYTES = 16  # a CUDA generator's state: its Philox seed and offset, 8 bytes each
+
+
+# the device type a meta tensor stands for while a step is captured for planning on another
+# device (explorer.costmodel.meta_graph): its dropouts are split, and their generator
+# snapshots sized, as on that device. None: a meta tensor stands for nothing, and no dropout
+# of it is split
+META_STANDS_FOR: ContextVar[str | None] = ContextVar("meta_stands_for", default=None)
+
+
+def device_kind(t: torch.Tensor) -> str:
+    """The device type `t` is on, or for a meta tensor the one it stands for (META_STANDS_FOR)."""
+    kind = t.device.type
+    return (META_STANDS_FOR.get() or kind) if kind == "meta" else kind
 
 
 @torch.library.custom_op(
@@ -52,8 +67,8 @@ def rng_state(like: torch.Tensor) -> torch.Tensor:
 
 @rng_state.register_fake
 def _rng_state_fake(like: torch.Tensor) -> torch.Tensor:
-    size = CUDA_STATE_BYTES if like.device.type == "cuda" else STATE_BYTES
-    return torch.empty(size, dtype=torch.uint8)
+    size = CUDA_STATE_BYTES if device_kind(like) == "cuda" else STATE_BYTES
+    return torch.empty(size, dtype=torch.uint8, device="meta" if like.is_meta else "cpu")
 
 
 @torch.library.custom_op("remat_explorer::bernoulli_mask", mutates_args=())
@@ -77,7 +92,7 @@ def replayed_bernoulli_mask(state: torch.Tensor, shape: list[int], p: float) -> 
 @bernoulli_mask.register_fake
 @replayed_bernoulli_mask.register_fake
 def _mask_fake(state: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
-    return torch.empty(shape, dtype=torch.bool)
+    return torch.empty(shape, dtype=torch.bool, device=state.device)  # meta stays meta
 
 
 @torch.library.custom_op("remat_explorer::cuda_dropout_mask", mutates_args=())
