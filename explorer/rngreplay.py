@@ -67,8 +67,11 @@ def rng_state(like: torch.Tensor) -> torch.Tensor:
 
 @rng_state.register_fake
 def _rng_state_fake(like: torch.Tensor) -> torch.Tensor:
-    size = CUDA_STATE_BYTES if device_kind(like) == "cuda" else STATE_BYTES
-    return torch.empty(size, dtype=torch.uint8, device="meta" if like.is_meta else "cpu")
+    # a CUDA generator's state is a host tensor (outside the memory the plan counts); the
+    # CPU's is where `like` is (the meta device, where a meta tensor stands for the CPU)
+    if device_kind(like) == "cuda":
+        return torch.empty(CUDA_STATE_BYTES, dtype=torch.uint8, device="cpu")
+    return torch.empty(STATE_BYTES, dtype=torch.uint8, device=like.device)
 
 
 @torch.library.custom_op("remat_explorer::bernoulli_mask", mutates_args=())

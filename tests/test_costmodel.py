@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 from helpers import planner
@@ -16,6 +17,7 @@ from explorer.costmodel import (
     node_seconds,
 )
 from explorer.errors import UserError
+from explorer.rngreplay import CUDA_STATE_BYTES, STATE_BYTES
 from explorer.solvers.registry import make_solver
 from explorer.sweep import sweep_budgets
 
@@ -90,13 +92,9 @@ def test_unknown_device_is_one_clear_error(cnn_graph):
         analytic_profile(cnn_graph, "tpu")
 
 
-def _split_dropout_ops(graph) -> dict[str, int]:
+def _split_dropout_ops(graph) -> Counter[str]:
     """The split dropouts' operators in `graph` (explorer.rewrite.compact_dropout), counted."""
-    found: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.target.startswith("remat_explorer."):
-            found[node.target] = found.get(node.target, 0) + 1
-    return found
+    return Counter(n.target for n in graph.nodes if n.target.startswith("remat_explorer."))
 
 
 def test_meta_capture_splits_dropouts_as_the_device_it_stands_for_would():
@@ -115,7 +113,11 @@ def test_meta_capture_splits_dropouts_as_the_device_it_stands_for_would():
         "remat_explorer.rng_state.default": 2,
         "remat_explorer.cuda_dropout_mask.default": 2,
     }
-    snapshot = _first(as_gpu, "remat_explorer.rng_state.default").outputs[0]
-    assert math.prod(snapshot.shape) == 16  # a CUDA generator's seed and offset
+    # each generator snapshot as the device keeps it: the CPU's in the step's memory, a CUDA
+    # generator's seed and offset on the host, outside it (as a CUDA capture counts it)
+    cpu_state = _first(as_cpu, "remat_explorer.rng_state.default").outputs[0]
+    assert (math.prod(cpu_state.shape), cpu_state.nbytes) == (STATE_BYTES, STATE_BYTES)
+    cuda_state = _first(as_gpu, "remat_explorer.rng_state.default").outputs[0]
+    assert (math.prod(cuda_state.shape), cuda_state.nbytes) == (CUDA_STATE_BYTES, 0)
     with pytest.raises(UserError, match="stands_for"):
         meta_graph("sample:tiny_dropout", 4, stands_for="tpu")
