@@ -39,6 +39,8 @@ MODELS = [
     ("vgg16", 176, 224),
     ("sample:unet", 11, 416),
     ("resnet50", 8, 128),
+    # a model with dropouts: their masks must stay compact on the meta device too
+    ("sample:gpt", 8, 256),
 ]
 
 
@@ -74,6 +76,8 @@ def measure(spec: str, batch: int, size: int, points: int, device_name: str) -> 
         "input_size": size,
         "device": profile.device_name,
         "operators": sum(1 for n in graph.nodes if n.phase in ("forward", "backward")),
+        # dropouts split into a compact mask and its draw (remat_explorer.*_dropout_mask)
+        "dropouts": sum(1 for n in graph.nodes if n.target.endswith("_dropout_mask.default")),
         "capture_seconds": captured,
         "baseline_peak_bytes": solver.baseline.predicted_peak_bytes,
         "fixed_bytes": fixed,
@@ -110,15 +114,19 @@ def markdown(results: list[dict], device_name: str, points: int) -> str:
         f"default solver sweeps {points} budgets, then a second solver on the same profile",
         "and cache file sweeps again. Seconds are solver time on this machine (2 cores,",
         "one thread for CBC). *lowest*: the least peak found, as a share of activation memory,",
-        "and its predicted overhead on that device.",
+        "and its predicted overhead on that device. *dropouts*: those split as on the device",
+        "(`meta_graph`'s `stands_for`): a 1-byte mask kept or drawn again from the generator",
+        "state saved before it, and the float output recomputable from the mask.",
         "",
-        "| model | batch | input | operators | first sweep | second sweep | points | lowest |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| model | batch | input | operators | dropouts | first sweep | second sweep | points "
+        "| lowest |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         low = r["front"][0]
         lines.append(
             f"| {r['model']} | {r['batch_size']} | {r['input_size']} | {r['operators']} | "
+            f"{r.get('dropouts', '')} | "
             f"{r['first']['total_seconds']:.1f} s | {r['second']['total_seconds']:.1f} s | "
             f"{r['front_points']} | {low['share']:.3f} at {low['overhead']:+.1%} |"
         )
