@@ -113,6 +113,8 @@ def _planner(args: argparse.Namespace):
 
     check_writable_folder(Path(args.out))  # before minutes of work, and before writing
 
+    if getattr(args, "plan_for", None):  # sweep's alone
+        return _meta_planner(args)
     device = args.device or _default_device()
     built = build(args.model, args.batch_size, args.input_size, device=device)
     if built.kind == "custom" and args.batch_size not in (None, built.spec.batch_size):
@@ -128,6 +130,27 @@ def _planner(args: argparse.Namespace):
         autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp),
         gradients_held=getattr(args, "gradients_held", False),  # sweep's alone
         loss=args.loss,
+    )
+
+
+def _meta_planner(args: argparse.Namespace):
+    """`sweep --plan-for DEVICE`: the step captured on the meta device, its operators'
+    seconds predicted for DEVICE (explorer.costmodel): nothing is allocated, run or timed."""
+    from explorer.costmodel import meta_planner
+
+    if args.device:
+        raise UserError("--plan-for captures on the meta device: leave --device out")
+    if args.amp not in (None, "none"):
+        raise UserError("--plan-for plans steps without autocast: leave --amp out")
+    if args.batch_size is None:
+        raise UserError("--plan-for needs --batch-size: the size to plan for")
+    return meta_planner(
+        args.model,
+        args.batch_size,
+        args.input_size,
+        args.plan_for,
+        loss=args.loss,
+        gradients_held=args.gradients_held,
     )
 
 
@@ -179,7 +202,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     plan = _planner(args)
     out = Path(args.out)
     started = time.perf_counter()
-    _profile(plan, out)
+    if args.plan_for:  # predicted, not measured: no profile.json a later sweep would reuse
+        print(f"planning for {plan.profile().device_name}: nothing is run", file=sys.stderr)
+    else:
+        _profile(plan, out)
     plan.solver_cache = out / "solver_cache.json"
     update, close = _tqdm_progress("stage ILPs")
     try:
@@ -334,6 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each step starts with the last one's gradients (gradient accumulation): "
         "count them in every peak",
+    )
+    p.add_argument(
+        "--plan-for",
+        metavar="DEVICE",
+        default=None,
+        help="plan for a device this machine need not have (p100, v100, a100, h100, or cpu), "
+        "at any --batch-size, with predicted operator times: the model is captured on the "
+        "meta device and nothing runs; writes no profile.json",
     )
     p.add_argument("--out", required=True, help="folder for profile.json and front.json")
     p.set_defaults(func=cmd_sweep)

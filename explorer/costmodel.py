@@ -24,7 +24,6 @@ import torch
 from explorer.errors import UserError
 from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
 from explorer.profile import Profile
-from explorer.rngreplay import META_STANDS_FOR
 
 COMPUTE_EFFICIENCY = 0.6  # share of peak FLOPs that large convolutions and products reach
 MEMORY_EFFICIENCY = 0.8  # share of peak bandwidth that streaming kernels reach
@@ -167,24 +166,84 @@ def meta_graph(
     their masks may be recomputed as they would be there (explorer.rewrite), where left
     whole every dropout's float output was pinned (sample:gpt b8 256 px on a P100: the least
     peak 0.462 of the activations, not 0.24)."""
-    from explorer.capture import capture
+    return _meta_plan(spec, batch_size, input_size, stands_for).capture()[0]
+
+
+def meta_planner(
+    spec: str,
+    batch_size: int,
+    input_size: int | None = None,
+    device_name: str = "p100",
+    *,
+    loss: str | None = None,
+    gradients_held: bool = False,
+):
+    """A Planner of SPEC's step at any size, on the meta device, with every operator's
+    seconds predicted for `device_name` (one of DEVICES, or "cpu"): sweep, solve and export
+    as with a measured profile, for a GPU or a size this machine does not have. Nothing is
+    timed or run, so what code outside the graph holds around it (explorer.eagerpeaks) is
+    not counted, and the runtime's own cost is taken as none. An exported schedule names the
+    device kind it is for ("cuda" for the GPUs); on that device the runtime applies it
+    exactly where the captured graph is the one planned, and otherwise carries it over as it
+    does for any other graph (explorer.backend)."""
+    from explorer.profile import StepProfile
+
+    dev = device(device_name)  # an unknown name is refused before the capture
+    stands_for = "cpu" if device_name.lower() == "cpu" else "cuda"
+    plan = _meta_plan(spec, batch_size, input_size, stands_for, loss, gradients_held)
+    profiles = [analytic_profile(g, device_name) for g in plan.capture()]
+    plan.use_profile(
+        StepProfile(
+            profiles,
+            f"model:{device_name.lower()}",
+            f"{dev.name} (cost model)",
+            loss=loss,
+            gradients_held=gradients_held,
+        )
+    )
+    return plan
+
+
+def _meta_plan(
+    spec: str,
+    batch_size: int,
+    input_size: int | None,
+    stands_for: str,
+    loss: str | None = None,
+    gradients_held: bool = False,
+):
+    """SPEC's model and inputs on the meta device, in a Planner that has captured its step
+    (one graph: the cost model cannot see what eager code between graphs holds)."""
+    from dataclasses import replace
+
     from explorer.models import build
+    from explorer.planner import Planner
 
     if stands_for not in ("cuda", "cpu"):
         raise UserError(f"meta_graph: stands_for must be 'cuda' or 'cpu', not {stands_for!r}")
     built = build(spec, 2, input_size)
     model = built.model.to("meta").train()
-    inputs = tuple(
-        torch.zeros((batch_size, *x.shape[1:]), dtype=x.dtype, device="meta")
-        for x in built.example_inputs
+    plan = Planner(
+        model,
+        tuple(_on_meta(x, batch_size) for x in built.example_inputs),
+        {k: _on_meta(v, batch_size) for k, v in built.example_kwargs.items()},
+        spec=replace(built.spec, batch_size=batch_size),
+        loss=loss,
+        gradients_held=gradients_held,
+        stands_for=stands_for,
     )
-    token = META_STANDS_FOR.set(stands_for)
-    try:
-        graphs = capture(model, inputs)
-    finally:
-        META_STANDS_FOR.reset(token)
+    graphs = plan.capture()
     if len(graphs) != 1:
         raise UserError(
             f"{spec} traces to {len(graphs)} graphs; the cost model plans one-graph steps only"
         )
-    return graphs[0].graph
+    return plan
+
+
+def _on_meta(x, batch_size: int):
+    """An example input at `batch_size` on the meta device (a tensor's first dimension is
+    its batch); anything else as it is."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    shape = (batch_size, *x.shape[1:]) if x.dim() else ()
+    return torch.zeros(shape, dtype=x.dtype, device="meta")

@@ -34,6 +34,7 @@ from explorer.models import ModelSpec, inputs_batch
 from explorer.modelstate import as_trained, held_state, tensors_in
 from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn, report
+from explorer.rngreplay import META_STANDS_FOR
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
@@ -57,7 +58,11 @@ class Planner:
     the step backpropagates `loss(outputs)` (a one-element tensor, the targets closed over),
     computed outside the model as a training loop does, rather than a random gradient for
     every output; the outputs count as held through the backward, as a loop that names them
-    holds them. A name (`"cross_entropy"`, explorer.losses) is a loss a file can record."""
+    holds them. A name (`"cross_entropy"`, explorer.losses) is a loss a file can record.
+    `stands_for`: a model on the meta device is planned for this kind of device ("cuda" or
+    "cpu": its dropouts are split as they would be there, and exports name it); such a
+    planner runs nothing, so it needs a profile from the cost model (explorer.costmodel
+    .meta_planner makes one)."""
 
     def __init__(
         self,
@@ -70,6 +75,7 @@ class Planner:
         max_stages: int = 48,
         gradients_held: bool = False,
         loss: Callable[[Any], torch.Tensor] | str | None = None,
+        stands_for: str | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise UserError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
@@ -91,6 +97,7 @@ class Planner:
         # the step backpropagates loss(outputs), computed outside the model (a name: one of
         # explorer.losses, which the command line and verify can rebuild from a file)
         self.loss = named_loss(loss) if isinstance(loss, str) else loss
+        self.stands_for = _stood_for(self.device, stands_for)
         self._captured: list[CapturedGraph] | None = None
         self._profile: StepProfile | None = None
         self.solver_name = DEFAULT_SOLVER
@@ -112,13 +119,17 @@ class Planner:
     def capture(self) -> list[Graph]:
         """The step's graphs, as the runtime will run them (cached)."""
         if self._captured is None:
-            self._captured = capture(
-                self.model,
-                self.example_inputs,
-                self.example_kwargs,
-                autocast=self.autocast,
-                loss=self.loss,
-            )
+            token = META_STANDS_FOR.set(self.stands_for)
+            try:
+                self._captured = capture(
+                    self.model,
+                    self.example_inputs,
+                    self.example_kwargs,
+                    autocast=self.autocast,
+                    loss=self.loss,
+                )
+            finally:
+                META_STANDS_FOR.reset(token)
         return [c.graph for c in self._captured]
 
     def profile(
@@ -127,6 +138,11 @@ class Planner:
         """Time every operator of every graph on the model's device, then the whole step
         unmodified and under the runtime (explorer.stepcost) (cached)."""
         self.capture()
+        if self._profile is None and self.device.type == "meta":
+            raise UserError(
+                "a model on the meta device cannot be timed: plan it with predicted times "
+                "(explorer.costmodel.meta_planner, or use_profile with analytic_profile)"
+            )
         if self._profile is None:
             assert self._captured is not None
             runs = self._captured
@@ -373,7 +389,7 @@ class Planner:
             "loss": loss_name(self.loss),
             "parameters": parameter_signature(self.model),
             "fingerprints": [g.fingerprint() for g in graphs],
-            "device": str(self.device),
+            "device": self.stands_for if self.device.type == "meta" else str(self.device),
             "seed": 0,
             "static_bytes": tensor_bytes([*self.model.parameters(), *self.model.buffers()])
             + tensor_bytes(self.tensors),
@@ -386,6 +402,11 @@ class Planner:
     def verify_schedule(self, schedule: Schedule, device: str | None = None, path=None):
         from explorer.verify import verify
 
+        if self.device.type == "meta":
+            raise UserError(
+                "a planner on the meta device runs nothing: export the schedule and run "
+                f"`remat-explorer verify` on the {self.stands_for} device it is for"
+            )
         if device is not None and torch.device(device) != self.device:
             raise UserError("verify on another device: export and run `remat-explorer verify`")
         if path is None:  # a temporary folder of its own, removed once verified
@@ -417,6 +438,21 @@ def _refusing_a_step_compiled_at_every_call() -> Iterator[None]:
             "Python takes another path each step does (random choices made in Python, such "
             "as BigBird's block-sparse attention): no plan of one step holds for the next"
         ) from exc
+
+
+def _stood_for(device: torch.device, stands_for: str | None) -> str:
+    """The kind of device a plan is for: the model's own, or on the meta device the one it
+    stands for (CUDA unless told)."""
+    if stands_for not in (None, "cuda", "cpu"):
+        raise UserError(f"stands_for must be 'cuda' or 'cpu', not {stands_for!r}")
+    if device.type != "meta":
+        if stands_for not in (None, device.type):
+            raise UserError(
+                f"stands_for={stands_for!r} is for a model on the meta device; this one is "
+                f"on {device.type}"
+            )
+        return device.type
+    return stands_for or "cuda"
 
 
 def _describe_inputs(args: tuple, kwargs: dict) -> dict:

@@ -704,3 +704,45 @@ def test_sweep_prints_a_point_answered_again_under_its_own_heading(capsys, tmp_p
     rows = [line for line in lines if line.strip().endswith(("feasible", "optimal"))]
     assert len(heading) == 1 and lines[heading[0] + 1] in rows
     assert lines[heading[0] + 1].split()[:2] == rows[1].split()[:2]  # the same budget again
+
+
+def test_a_plan_for_a_device_this_machine_lacks_is_made_on_the_meta_device(capsys, tmp_path):
+    # catches: planning for a GPU one does not have reachable from Python only; a plan made
+    # on the meta device that names the meta device (it runs nowhere) or leaves a predicted
+    # profile.json that a measured sweep in the same folder would then be refused over
+    args = ["sweep", "--model", "sample:tiny_dropout", "--batch-size", "64", "--points", "3"]
+    assert run(capsys, *args, "--plan-for", "p100", "--out", str(tmp_path))[0] == 0
+    front = json.loads((tmp_path / "front.json").read_text())
+    assert front["model"]["device"] == "cuda" and front["model"]["model"]["batch_size"] == 64
+    assert front["setup"]["device"] == "NVIDIA Tesla P100 SXM2 16 GB (cost model)"
+    assert not (tmp_path / "profile.json").exists()
+    target = tmp_path / "for_p100.py"
+    assert run(capsys, *export_args(tmp_path / "front.json", target, budget="0.9"))[0] == 0
+    assert "def wrap(" in target.read_text()
+
+
+def test_a_plan_made_on_the_meta_device_verifies_to_the_byte_where_it_runs(tmp_path):
+    # catches: a meta-device plan that is not the plan of the step that runs (another graph:
+    # carried over, not applied; or other bytes): planned for this CPU, it must verify
+    # exactly here, its measured peak the predicted one
+    args = ["--model", "sample:tiny_dropout", "--batch-size", "64"]
+    swept = cli("sweep", *args, "--points", "3", "--plan-for", "cpu", "--out", str(tmp_path))
+    assert swept.returncode == 0, swept.stderr
+    assert json.loads((tmp_path / "front.json").read_text())["model"]["device"] == "cpu"
+    _export_and_verify_to_the_byte(tmp_path, "0.8")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--batch-size", "8", "--plan-for", "tpu"], "unknown device 'tpu'"),
+        (["--batch-size", "8", "--plan-for", "p100", "--device", "cpu"], "leave --device out"),
+        (["--batch-size", "8", "--plan-for", "p100", "--amp", "bf16"], "leave --amp out"),
+        (["--plan-for", "p100"], "needs --batch-size"),
+    ],
+)
+def test_a_plan_for_another_device_refuses_what_it_cannot_honour(capsys, tmp_path, extra, expected):
+    out = tmp_path / "out"
+    assert_refused(capsys, ["sweep", "--model", "sample:tiny_cnn", *extra, "--out", str(out)],
+                   expected)  # fmt: skip
+    assert not out.exists()

@@ -12,6 +12,7 @@ from explorer.costmodel import (
     DEVICES,
     analytic_profile,
     meta_graph,
+    meta_planner,
     node_bytes,
     node_flops,
     node_seconds,
@@ -121,3 +122,19 @@ def test_meta_capture_splits_dropouts_as_the_device_it_stands_for_would():
     assert (math.prod(cuda_state.shape), cuda_state.nbytes) == (CUDA_STATE_BYTES, 0)
     with pytest.raises(UserError, match="stands_for"):
         meta_graph("sample:tiny_dropout", 4, stands_for="tpu")
+
+
+def test_a_meta_device_planner_plans_but_never_runs():
+    # catches: a planner on the meta device that tries to time or verify (meta tensors hold
+    # no data: it would fail deep inside torch, or time nothing and call it a measurement)
+    plan = meta_planner("sample:tiny_dropout", 64, None, "h100")
+    assert plan.profile().device_name == "NVIDIA H100 SXM5 80 GB (cost model)"
+    schedule = plan.sweep(3).points[0].schedule
+    assert plan.made_for()["device"] == "cuda"
+    with pytest.raises(UserError, match="runs nothing"):
+        plan.verify_schedule(schedule)
+    fresh = type(plan)(plan.model, plan.example_inputs, stands_for="cpu")
+    with pytest.raises(UserError, match="cannot be timed"):
+        fresh.profile()
+    with pytest.raises(UserError, match="stands_for"):
+        type(plan)(plan.model, plan.example_inputs, stands_for="tpu")
