@@ -62,7 +62,9 @@ def test_picker_lists_torchvision_and_sample_models_and_only_real_devices() -> N
     picker = ModelPicker()
     assert "resnet18" in picker.spec.options
     assert SPEC in picker.spec.options
-    assert ("cuda" in picker.device.options) == torch.cuda.is_available()
+    real = [d for d in picker.device.options if not d.startswith("plan for ")]
+    assert real == (["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"])
+    assert picker.plan_for() is None and "plan for p100" in picker.device.options
     assert "remat-model" in picker._dom_classes
 
 
@@ -324,6 +326,37 @@ def test_dashboard_plans_exports_and_verifies_a_users_own_module(tmp_path) -> No
         "plan applied as exported", "outputs", "parameter gradients",
         "buffers (BatchNorm statistics)",
     ]  # fmt: skip
+
+
+def test_planning_for_a_device_runs_nothing_and_exports_what_verifies_there(tmp_path) -> None:
+    # catches: the "plan for" choice ignored (the step built, timed and planned here), peers
+    # measured on meta tensors, or a plan whose export does not verify where it is for
+    dashboard = new_dashboard(tmp_path, device="plan for p100", peers=True)
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert dashboard.planner.device.type == "meta"
+    assert "peers not measured: nothing runs for NVIDIA Tesla P100" in dashboard.status.text
+    assert dashboard.verify_panel.device == "cuda"  # where its export is to be verified
+
+    dashboard.picker.device.value = "plan for cpu"
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert dashboard.planner.profile().device_name.endswith("(cost model)")
+    dashboard.budget.slider.value = 0  # the least peak: it recomputes
+    assert dashboard.budget.selected.schedule.recomputed
+    dashboard.export_panel.export_button.click()
+    dashboard.verify_panel.verify_button.click()
+    finish(dashboard)
+    assert_verified(
+        dashboard.status, dashboard.verify_panel.report, dashboard.verify_panel.table.value
+    )
+
+    dashboard.picker.precision.value = "bf16 autocast"
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "error" and "choose fp32" in dashboard.status.text
 
 
 def test_precision_plans_the_step_under_autocast(tmp_path) -> None:

@@ -138,8 +138,10 @@ class Dashboard(ipw.VBox):
         self.pareto.set_baseline(baseline.predicted_peak_bytes)
         self.timeline.set_baseline(baseline)
         self.budget.attach(self.planner)
+        planned = self._target is None  # for a device, with the cost model's times
+        made = f"predicted for {self.planner.profile().device_name}" if planned else "profiled"
         self.status.ok(
-            f"profiled: no-recompute peak {format_bytes(baseline.predicted_peak_bytes)}; now Sweep"
+            f"{made}: no-recompute peak {format_bytes(baseline.predicted_peak_bytes)}; now Sweep"
         )
 
     def _run_sweep(self, progress: ProgressFn, cancel: CancelToken) -> tuple[Any, float, list[str]]:
@@ -158,7 +160,9 @@ class Dashboard(ipw.VBox):
         seconds = time.monotonic() - started
         self.front = front
         not_measured: list[str] = []
-        if self.measure_peers:
+        if self.measure_peers and self._target is None:
+            not_measured = [f"nothing runs for {self.planner.profile().device_name}"]
+        elif self.measure_peers:
             model, inputs = self._target
             progress(0, 1, "measuring torch.utils.checkpoint peers")
             peer_points = peers.measure(
@@ -217,7 +221,11 @@ class Dashboard(ipw.VBox):
         key = self._current_key()
         if self.planner is not None and key == self._key:
             return self.planner
-        if self._own_model is None:
+        if self._own_model is None and self.picker.plan_for():
+            self.planner = self._meta_planner()
+            self._target = None  # nothing runs: no peers to measure
+            self.verify_panel.device = self.planner.stands_for
+        elif self._own_model is None:
             built = self.picker.build()
             self._target = (built.model, built.example_inputs)
             self.planner = Planner(
@@ -235,6 +243,24 @@ class Dashboard(ipw.VBox):
         self.front = None
         self.runner.ui(self._start_over)
         return self.planner
+
+    def _meta_planner(self) -> Any:
+        """A planner for a device this machine need not have: the step captured on the meta
+        device, its times predicted (explorer.costmodel.meta_planner), as `sweep --plan-for`."""
+        from explorer.costmodel import meta_planner
+
+        spec, batch_size, input_size, _device, _precision = self.picker.settings()
+        options = self.picker.step_options()
+        if options["autocast"] is not None:
+            raise UserError("planning for a device uses predicted fp32 times: choose fp32")
+        return meta_planner(
+            spec,
+            batch_size,
+            input_size,
+            self.picker.plan_for(),
+            loss=options["loss"],
+            gradients_held=options["gradients_held"],
+        )
 
     def _start_over(self) -> None:
         self._forget_points()

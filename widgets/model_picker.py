@@ -1,7 +1,8 @@
-"""Choose what to plan: a model SPEC (searchable), batch size, input size, device, precision
-(fp32, or the step under autocast: a plan of its own), what the backward starts from (a
-gradient for every output, or a named loss of the output, explorer.losses) and whether each
-step starts with the gradients of the one before (gradient accumulation)."""
+"""Choose what to plan: a model SPEC (searchable), batch size, input size, device (this
+machine's, or a device planned for with the cost model: nothing runs), precision (fp32, or the
+step under autocast: a plan of its own), what the backward starts from (a gradient for every
+output, or a named loss of the output, explorer.losses) and whether each step starts with the
+gradients of the one before (gradient accumulation)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import ipywidgets as ipw
 import torch
 
 from explorer import UserError, models
+from explorer.costmodel import DEVICES
+
+PLAN_FOR = "plan for "  # a device choice that plans with predicted times on the meta device
 
 PRECISIONS = {"fp32": None, "bf16 autocast": torch.bfloat16, "fp16 autocast": torch.float16}
 LOSSES = {"gradient per output": None, "cross-entropy loss": "cross_entropy"}
@@ -17,6 +21,11 @@ LOSSES = {"gradient per output": None, "cross-entropy loss": "cross_entropy"}
 def available_devices() -> list[str]:
     """'cuda' first when this machine has one, so the default is the GPU."""
     return ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
+
+
+def planned_devices() -> list[str]:
+    """The devices a step can be planned for without running it (explorer.costmodel)."""
+    return [f"{PLAN_FOR}{name}" for name in [*DEVICES, "cpu"]]
 
 
 class ModelPicker(ipw.HBox):
@@ -54,10 +63,10 @@ class ModelPicker(ipw.HBox):
             layout={"width": "180px"},
         )
         self.device = ipw.Dropdown(
-            options=devices,
+            options=[*devices, *planned_devices()],
             value=device or devices[0],
             description="device",
-            layout={"width": "160px"},
+            layout={"width": "210px"},
         )
         self.precision = ipw.Dropdown(
             options=list(PRECISIONS),
@@ -77,6 +86,12 @@ class ModelPicker(ipw.HBox):
         fields = [self.spec, self.batch_size, self.input_size, self.device, self.precision]
         super().__init__([*fields, self.loss, self.accumulate], layout={"flex_flow": "row wrap"})
         self.add_class("remat-model")
+
+    def plan_for(self) -> str | None:
+        """The cost model's device name when the step is planned for a device without being
+        run ("p100", ..., "cpu"), else None."""
+        chosen = self.device.value
+        return chosen[len(PLAN_FOR) :] if chosen.startswith(PLAN_FOR) else None
 
     def autocast(self) -> torch.dtype | None:
         """The autocast dtype to plan under, or None for plain fp32."""
