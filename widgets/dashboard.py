@@ -138,7 +138,7 @@ class Dashboard(ipw.VBox):
         self.pareto.set_baseline(baseline.predicted_peak_bytes)
         self.timeline.set_baseline(baseline)
         self.budget.attach(self.planner)
-        planned = self._target is None  # for a device, with the cost model's times
+        planned = self.planner.device.type == "meta"  # for a device, with predicted times
         made = f"predicted for {self.planner.profile().device_name}" if planned else "profiled"
         self.status.ok(
             f"{made}: no-recompute peak {format_bytes(baseline.predicted_peak_bytes)}; now Sweep"
@@ -160,7 +160,7 @@ class Dashboard(ipw.VBox):
         seconds = time.monotonic() - started
         self.front = front
         not_measured: list[str] = []
-        if self.measure_peers and self._target is None:
+        if self.measure_peers and self.planner.device.type == "meta":
             not_measured = [f"nothing runs for {self.planner.profile().device_name}"]
         elif self.measure_peers:
             model, inputs = self._target
@@ -223,7 +223,7 @@ class Dashboard(ipw.VBox):
             return self.planner
         if self._own_model is None and self.picker.plan_for():
             self.planner = self._meta_planner()
-            self._target = None  # nothing runs: no peers to measure
+            self._target = None  # the last model's: nothing runs for this one
             self.verify_panel.device = self.planner.stands_for
         elif self._own_model is None:
             built = self.picker.build()
