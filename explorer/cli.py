@@ -36,6 +36,7 @@ import warnings  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from explorer.devices import device_names  # noqa: E402
 from explorer.errors import (  # noqa: E402
     Cancelled,
     RematWarning,
@@ -365,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan-for",
         metavar="DEVICE",
         default=None,
-        help="plan for a device this machine need not have (p100, v100, a100, h100, or cpu), "
+        help=f"plan for a device this machine need not have ({', '.join(device_names())}), "
         "at any --batch-size, with predicted operator times: the model is captured on the "
         "meta device and nothing runs; writes no profile.json",
     )

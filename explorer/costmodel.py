@@ -15,54 +15,29 @@ run.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
-from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
+from explorer.devices import COMPUTE_EFFICIENCY, DEVICES, MEASURED, Device, device_names
 from explorer.errors import UserError
 from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
+from explorer.losses import loss_name
+from explorer.modelstate import held_tensors
 from explorer.profile import Profile
-
-COMPUTE_EFFICIENCY = 0.6  # share of peak FLOPs that large convolutions and products reach
-MEMORY_EFFICIENCY = 0.8  # share of peak bandwidth that streaming kernels reach
-
-
-@dataclass(frozen=True)
-class Device:
-    """Sustained rates of one device (FLOP/s and bytes/s) and its cost per operator."""
-
-    name: str
-    flop_rate: float  # float32
-    half_flop_rate: float  # float16 / bfloat16 (tensor cores where there are any)
-    bandwidth: float
-    launch_seconds: float
-
-
-def _gpu(name: str, fp32: float, half: float, bandwidth: float, launch: float) -> Device:
-    return Device(
-        name, fp32 * COMPUTE_EFFICIENCY, half * COMPUTE_EFFICIENCY,
-        bandwidth * MEMORY_EFFICIENCY, launch,
-    )  # fmt: skip
-
-
-# Data-sheet peaks (dense, no sparsity): FLOP/s float32, float16/bfloat16, bytes/s
-DEVICES: dict[str, Device] = {
-    "p100": _gpu("NVIDIA Tesla P100 SXM2 16 GB", 10.6e12, 21.2e12, 732e9, 6e-6),
-    "v100": _gpu("NVIDIA Tesla V100 SXM2 32 GB", 15.7e12, 125e12, 900e9, 5e-6),
-    "a100": _gpu("NVIDIA A100 SXM4 80 GB", 19.5e12, 312e12, 2039e9, 4e-6),
-    "h100": _gpu("NVIDIA H100 SXM5 80 GB", 67e12, 989e12, 3350e9, 3e-6),
-}
 
 
 def device(name: str) -> Device:
     """A device by name: one of DEVICES, or "cpu" (this machine, measured)."""
     key = name.lower()
-    if key == "cpu":
+    if key == MEASURED:
         return measure_cpu()
     if key not in DEVICES:
-        raise UserError(f"unknown device {name!r}; choose one of cpu, {', '.join(DEVICES)}")
+        raise UserError(f"unknown device {name!r}; choose one of {', '.join(device_names())}")
     return DEVICES[key]
 
 
@@ -186,19 +161,84 @@ def meta_planner(
     device kind it is for ("cuda" for the GPUs); on that device the runtime applies it
     exactly where the captured graph is the one planned, and otherwise carries it over as it
     does for any other graph (explorer.backend)."""
+    device(device_name)  # an unknown name is refused before the model is built
+    plan = _meta_plan(spec, batch_size, input_size, _kind(device_name), loss, gradients_held)
+    return _predicted(plan, device_name)
+
+
+def model_planner(
+    model: nn.Module,
+    args: Any = (),
+    kwargs: dict | None = None,
+    *,
+    device_name: str = "p100",
+    batch_size: int | None = None,
+    loss: str | None = None,
+    gradients_held: bool = False,
+):
+    """`meta_planner` for your own model: its step planned for `device_name` with predicted
+    seconds, nothing run. Your model is left as it is: a copy on the meta device is planned,
+    its parameters and buffers stood in for by their shapes (nothing is copied).
+    `batch_size` replaces the first dimension of every input tensor, positional or keyword
+    (left out: the inputs' own shapes). `loss` is a name (explorer.losses): a function of
+    your own would close over targets on your model's device."""
+    from explorer.planner import Planner
+
+    device(device_name)
+    if loss is not None and not isinstance(loss, str):
+        raise UserError(
+            "a planned step takes a named loss (explorer.losses, e.g. 'cross_entropy'): "
+            "a function of your own closes over targets that are not on the meta device"
+        )
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise UserError(f"batch_size must be a whole number of at least 1, not {batch_size!r}")
+    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    plan = Planner(
+        meta_copy(model),
+        tuple(_on_meta(x, batch_size) for x in args),
+        {k: _on_meta(v, batch_size) for k, v in (kwargs or {}).items()},
+        loss=loss,
+        gradients_held=gradients_held,
+        stands_for=_kind(device_name),
+    )
+    return _predicted(_captured_once(plan, type(model).__name__), device_name)
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` on the meta device, made without copying a single tensor's data:
+    every tensor it holds (parameters, buffers, tensors kept as attributes) is replaced by
+    an empty one of the same shape, dtype and gradient flag, shared ones (tied weights)
+    staying shared."""
+    memo: dict[int, torch.Tensor] = {}
+    for tensor in held_tensors(model):
+        if id(tensor) in memo:
+            continue
+        standin = torch.empty_like(tensor.detach(), device="meta")
+        if isinstance(tensor, nn.Parameter):
+            standin = nn.Parameter(standin, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = standin
+    return copy.deepcopy(model, memo).to("meta")
+
+
+def _kind(device_name: str) -> str:
+    """The kind of device a named one is: "cpu" for this machine's CPU, else "cuda"."""
+    return "cpu" if device_name.lower() == MEASURED else "cuda"
+
+
+def _predicted(plan, device_name: str):
+    """`plan` (on the meta device, captured) with the cost model's profile for the device."""
     from explorer.profile import StepProfile
 
-    dev = device(device_name)  # an unknown name is refused before the capture
-    stands_for = "cpu" if device_name.lower() == "cpu" else "cuda"
-    plan = _meta_plan(spec, batch_size, input_size, stands_for, loss, gradients_held)
     profiles = [analytic_profile(g, device_name) for g in plan.capture()]
     plan.use_profile(
         StepProfile(
             profiles,
             f"model:{device_name.lower()}",
-            f"{dev.name} (cost model)",
-            loss=loss,
-            gradients_held=gradients_held,
+            f"{device(device_name).name} (cost model)",
+            loss=loss_name(plan.loss),
+            gradients_held=plan.gradients_held,
         )
     )
     return plan
@@ -212,8 +252,7 @@ def _meta_plan(
     loss: str | None = None,
     gradients_held: bool = False,
 ):
-    """SPEC's model and inputs on the meta device, in a Planner that has captured its step
-    (one graph: the cost model cannot see what eager code between graphs holds)."""
+    """SPEC's model and inputs on the meta device, in a Planner that has captured its step."""
     from dataclasses import replace
 
     from explorer.models import build
@@ -232,18 +271,34 @@ def _meta_plan(
         gradients_held=gradients_held,
         stands_for=stands_for,
     )
-    graphs = plan.capture()
+    return _captured_once(plan, spec)
+
+
+def _captured_once(plan, what: str):
+    """`plan`, captured, if its step is one graph: the cost model cannot see what eager code
+    between graphs holds. A forward that reads a tensor's value (transformers' mask checks
+    call .item()) cannot run on the meta device, where tensors hold none: said so."""
+    try:
+        graphs = plan.capture()
+    except UserError as exc:
+        if "meta tensor" not in str(exc):
+            raise
+        raise UserError(
+            f"{what} cannot be planned without running it: {exc} (its forward reads a "
+            "tensor's value, which the meta device has not; plan it on a device it runs on)"
+        ) from exc
     if len(graphs) != 1:
         raise UserError(
-            f"{spec} traces to {len(graphs)} graphs; the cost model plans one-graph steps only"
+            f"{what} traces to {len(graphs)} graphs; the cost model plans one-graph steps only"
         )
     return plan
 
 
-def _on_meta(x, batch_size: int):
-    """An example input at `batch_size` on the meta device (a tensor's first dimension is
-    its batch); anything else as it is."""
+def _on_meta(x, batch_size: int | None):
+    """An example input on the meta device, at `batch_size` if given (a tensor's first
+    dimension is its batch); anything else as it is."""
     if not isinstance(x, torch.Tensor):
         return x
-    shape = (batch_size, *x.shape[1:]) if x.dim() else ()
-    return torch.zeros(shape, dtype=x.dtype, device="meta")
+    shape = (batch_size, *x.shape[1:]) if x.dim() and batch_size is not None else x.shape
+    meta = torch.zeros(shape, dtype=x.dtype, device="meta")
+    return meta.requires_grad_(x.requires_grad) if x.is_leaf else meta

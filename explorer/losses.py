@@ -31,9 +31,16 @@ def cross_entropy(result: Any) -> torch.Tensor:
     if logits is None or logits.dim() == 0:
         raise UserError("the cross_entropy loss needs an output of class scores, with a gradient")
     flat = logits.reshape(-1, logits.shape[-1])
-    draw = torch.Generator(device=logits.device).manual_seed(TARGET_SEED)
-    targets = torch.randint(flat.shape[-1], flat.shape[:1], generator=draw, device=logits.device)
-    return F.cross_entropy(flat, targets)
+    return F.cross_entropy(flat, _targets(flat))
+
+
+def _targets(flat: torch.Tensor) -> torch.Tensor:
+    """One fixed class per row of `flat`; on the meta device (a planned step) their shape
+    is all there is, and no generator exists there."""
+    if flat.device.type == "meta":
+        return torch.empty(flat.shape[:1], dtype=torch.long, device="meta")
+    draw = torch.Generator(device=flat.device).manual_seed(TARGET_SEED)
+    return torch.randint(flat.shape[-1], flat.shape[:1], generator=draw, device=flat.device)
 
 
 NAMED: dict[str, Callable[[Any], torch.Tensor]] = {"cross_entropy": cross_entropy}

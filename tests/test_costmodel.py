@@ -6,13 +6,16 @@ import math
 from collections import Counter
 
 import pytest
+import torch
 from helpers import planner
+from torch import nn
 
 from explorer.costmodel import (
     DEVICES,
     analytic_profile,
     meta_graph,
     meta_planner,
+    model_planner,
     node_bytes,
     node_flops,
     node_seconds,
@@ -138,3 +141,66 @@ def test_a_meta_device_planner_plans_but_never_runs():
         fresh.profile()
     with pytest.raises(UserError, match="stands_for"):
         type(plan)(plan.model, plan.example_inputs, stands_for="tpu")
+
+
+class TiedLanguageModel(nn.Module):
+    """Token embedding, one hidden layer, and the embedding's weight reused as the output
+    layer's (tied, as GPT-2's are)."""
+
+    def __init__(self, vocabulary: int = 50, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        self.hidden = nn.Linear(width, width)
+        self.out = nn.Linear(width, vocabulary, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(self.embed(tokens))))
+
+
+def test_your_own_model_is_planned_on_a_meta_copy_at_any_batch():
+    # catches: the caller's model moved to (or its weights replaced by) meta tensors, tied
+    # weights untied in the copy (two parameters planned where the step has one), the batch
+    # left as given, or a named loss that cannot make its targets on the meta device
+    model, tokens = TiedLanguageModel(), torch.randint(0, 50, (2, 8))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    plan = model_planner(model, tokens, device_name="h100", batch_size=32, loss="cross_entropy")
+    assert plan.model.out.weight is plan.model.embed.weight
+    assert plan.model.embed.weight.device.type == "meta"
+    assert model.embed.weight.device.type == "cpu"
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert plan.example_inputs[0].shape == (32, 8) and plan.example_inputs[0].dtype == torch.long
+    made_for = plan.made_for()
+    assert made_for["device"] == "cuda" and made_for["loss"] == "cross_entropy"
+    assert [name for name, *_ in made_for["parameters"]] == [
+        "embed.weight",
+        "hidden.weight",
+        "hidden.bias",
+    ]
+    assert plan.profile().device_name == "NVIDIA H100 SXM5 80 GB (cost model)"
+    assert len(plan.sweep(3).points) >= 1
+    # the same through a SPEC: the named loss on the meta device (it failed there)
+    assert len(meta_planner("sample:tiny_cnn", 16, 8, "p100", loss="cross_entropy").sweep(3).points)
+
+
+class ReadsAValue(nn.Module):
+    """A forward that branches on a tensor's value (as transformers' mask checks do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) if x.sum().item() >= 0 else -self.layer(x)
+
+
+def test_what_cannot_be_planned_for_a_device_is_one_clear_error():
+    model, x = TiedLanguageModel(), torch.randint(0, 50, (2, 8))
+    with pytest.raises(UserError, match="named loss"):
+        model_planner(model, x, loss=lambda out: out.sum())
+    with pytest.raises(UserError, match="at least 1"):
+        model_planner(model, x, batch_size=0)
+    with pytest.raises(UserError, match="unknown device 'tpu'"):
+        model_planner(model, x, device_name="tpu")
+    with pytest.raises(UserError, match="cannot be planned without running it"):
+        model_planner(ReadsAValue(), torch.randn(2, 4))

@@ -456,3 +456,53 @@ def test_choice_hover_names_what_is_recomputed() -> None:
     text = choice.hover()
     assert "3.0 MiB" in text and "+12.5%" in text and "4.0 MiB" in text
     assert "relu_0" in text and "... and 4 more" in text
+
+
+def test_your_own_module_is_planned_for_a_device_at_another_batch(tmp_path) -> None:
+    # catches: the "plan for" choice missing or ignored for a caller's own model (planned
+    # here at its own batch), the caller's model moved to the meta device by the planning,
+    # or Verify run against the caller's batch-8 CPU model for a plan of batch 64 on a GPU
+    model, example = cnn(), torch.randn(8, 3, 32, 32)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    dashboard = Dashboard(model, example, points=4, peers=True, export_dir=tmp_path)
+    assert dashboard.picker.batch_size.value == 8
+    assert dashboard.picker.device.options[0] == "cpu"
+    dashboard.picker.batch_size.value = 64
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "error"
+    assert "choose a 'plan for' device" in dashboard.status.text
+
+    dashboard.picker.device.value = "plan for a100"
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert "nothing runs for NVIDIA A100" in dashboard.status.text
+    assert dashboard.planner.device.type == "meta"
+    assert dashboard.planner.example_inputs[0].shape == (64, 3, 32, 32)
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert next(model.parameters()).device.type == "cpu"
+    dashboard.budget.slider.value = 0
+    dashboard.export_panel.export_button.click()
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    made_for = read_module(Path(dashboard.verify_panel.path.value))[0]
+    assert made_for["device"] == "cuda" and made_for["inputs"]["args"][0]["shape"][0] == 64
+    dashboard.verify_panel.verify_button.click()
+    assert dashboard.status.kind == "error" and "for a cuda device at batch 64" in (
+        dashboard.status.text
+    )
+
+    # planned for this CPU at the caller's own batch: its export verifies against the model
+    dashboard.picker.device.value = "plan for cpu"
+    dashboard.picker.batch_size.value = 8
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    dashboard.budget.slider.value = 0
+    assert dashboard.budget.selected.schedule.recomputed
+    dashboard.export_panel.export_button.click()
+    dashboard.verify_panel.verify_button.click()
+    finish(dashboard)
+    assert_verified(
+        dashboard.status, dashboard.verify_panel.report, dashboard.verify_panel.table.value
+    )

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as ipw
+import torch
 
 from explorer import CancelToken, Planner, UserError, peers
+from explorer.modelstate import tensors_in
 from remat_explorer.widgets.budget import BudgetSlider
 from remat_explorer.widgets.choice import Choice
 from remat_explorer.widgets.export import ExportPanel, module_file_name
@@ -62,8 +64,9 @@ class Dashboard(ipw.VBox):
         self.status = StatusLine()
         self.runner = TaskRunner(self.status)
         self.picker = ModelPicker(spec, batch_size, input_size, device)
-        if model is not None:
-            self.picker.lock(f"{type(model).__name__} (your model)")
+        if self._own_model is not None:
+            runs_on, batch = _runs_on(self._own_model[1])
+            self.picker.lock(f"{type(model).__name__} (your model)", runs_on, batch)
         self.profile_button = ipw.Button(
             description="Profile", icon="stopwatch", button_style="primary"
         )
@@ -210,7 +213,9 @@ class Dashboard(ipw.VBox):
 
     def _current_key(self) -> tuple:
         if self._own_model is not None:
-            return ("own", self.picker.precision.value, *self.picker.backward_key())
+            picked = self.picker
+            fields = (picked.device.value, picked.batch_size.value, picked.precision.value)
+            return ("own", *fields, *picked.backward_key())
         return (*self.picker.settings(), *self.picker.backward_key())
 
     def _planner(self) -> Any:
@@ -237,7 +242,7 @@ class Dashboard(ipw.VBox):
             )
             self.verify_panel.device = key[3]
         else:
-            self.planner = Planner(*self._own_model, **self.picker.step_options())
+            self.planner = self._own_planner()
         self._key = key
         self._baseline = None
         self.front = None
@@ -262,6 +267,44 @@ class Dashboard(ipw.VBox):
             gradients_held=options["gradients_held"],
         )
 
+    def _own_planner(self) -> Any:
+        """A planner of the caller's model: where it runs, at its inputs' batch, or for a
+        device chosen by name at any batch (explorer.costmodel.model_planner: nothing runs).
+        Verify runs it against that model and inputs when the plan is for them."""
+        from explorer.costmodel import model_planner
+
+        model, inputs = self._own_model
+        runs_on, batch = _runs_on(inputs)
+        chosen = batch if batch is None else self.picker.batch_size.value
+        options = self.picker.step_options()
+        device_name = self.picker.plan_for()
+        if device_name is None:
+            if chosen != batch:
+                raise UserError(
+                    f"your model's example input has batch {batch}: to plan batch {chosen}, "
+                    "choose a 'plan for' device (nothing runs)"
+                )
+            self.verify_panel.refusal = None
+            return Planner(model, inputs, **options)
+        if options["autocast"] is not None:
+            raise UserError("planning for a device uses predicted fp32 times: choose fp32")
+        if chosen is not None and chosen < 1:
+            raise UserError(f"batch size must be a whole number of at least 1, not {chosen}")
+        planner = model_planner(
+            model,
+            inputs,
+            device_name=device_name,
+            batch_size=chosen,
+            loss=options["loss"],
+            gradients_held=options["gradients_held"],
+        )
+        here = planner.stands_for == torch.device(runs_on).type and chosen == batch
+        self.verify_panel.refusal = None if here else (
+            f"this plan is for a {planner.stands_for} device at batch {chosen}: verify its "
+            "export there, with explorer.verify(path, model=..., example_inputs=...)"
+        )  # fmt: skip
+        return planner
+
     def _start_over(self) -> None:
         self._forget_points()
         self.timeline.clear()
@@ -277,6 +320,16 @@ class Dashboard(ipw.VBox):
     def _enable(self) -> None:
         self.profile_button.disabled = self.runner.busy
         self.sweep_button.disabled = self.runner.busy
+
+
+def _runs_on(inputs: tuple) -> tuple[str, int | None]:
+    """The device the caller's inputs are on, and their batch: the first tensor's first
+    dimension (None when it has none)."""
+    tensors = tensors_in(inputs)
+    if not tensors:
+        raise UserError("the example inputs hold no tensor: pass a tensor or a tuple of them")
+    first = tensors[0]
+    return str(first.device), (first.shape[0] if first.dim() else None)
 
 
 def _as_tuple(example_input: Any) -> tuple:

@@ -10,7 +10,7 @@ import ipywidgets as ipw
 import torch
 
 from explorer import UserError, models
-from explorer.costmodel import DEVICES
+from explorer.devices import device_names
 
 PLAN_FOR = "plan for "  # a device choice that plans with predicted times on the meta device
 
@@ -25,7 +25,7 @@ def available_devices() -> list[str]:
 
 def planned_devices() -> list[str]:
     """The devices a step can be planned for without running it (explorer.costmodel)."""
-    return [f"{PLAN_FOR}{name}" for name in [*DEVICES, "cpu"]]
+    return [f"{PLAN_FOR}{name}" for name in device_names()]
 
 
 class ModelPicker(ipw.HBox):
@@ -128,13 +128,19 @@ class ModelPicker(ipw.HBox):
         spec, batch_size, input_size, device, _precision = self.settings()
         return models.build(spec, batch_size, input_size, device=device)
 
-    def lock(self, label: str) -> None:
-        """Show a model the caller passed in instead of a choice: its inputs are fixed too
-        (the step's choices stay)."""
+    def lock(self, label: str, device: str, batch_size: int | None) -> None:
+        """Show a model the caller passed in instead of a choice. It runs on `device` at its
+        inputs' `batch_size` (None: they have no batch dimension); the device field offers
+        that device and the ones it can be planned for, at any batch (nothing runs)."""
         self.spec.value = label
         self.spec.disabled = True
-        for field in (self.batch_size, self.input_size, self.device):
-            field.layout.display = "none"
+        self.input_size.layout.display = "none"  # which of its dimensions is a size is unknown
+        self.device.options = [device, *planned_devices()]
+        self.device.value = device
+        if batch_size is None:
+            self.batch_size.layout.display = "none"
+        else:
+            self.batch_size.value = batch_size
 
 
 def _check_batch_size(batch_size: object) -> None:

@@ -66,6 +66,7 @@ class VerifyPanel(ipw.VBox):
     ) -> None:
         self.device = device
         self.against = against
+        self.refusal: str | None = None  # why the schedule at hand cannot be verified here
         self.report: Any = None
         self.runner = runner or TaskRunner()
         self.path = ipw.Text(
@@ -95,6 +96,9 @@ class VerifyPanel(ipw.VBox):
         path = self.path.value.strip()
         if not path:
             self.runner.status.error("export a schedule (or type a module's path) first")
+            return
+        if self.refusal:
+            self.runner.status.error(self.refusal)
             return
         device, against = self.device, self.against
 
