@@ -57,6 +57,7 @@ from explorer.modelstate import (
     output_tensors,
     step_inputs_and_state,
     storage_address,
+    tensors_in,
 )
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
@@ -292,10 +293,17 @@ def _first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
     """Run the forward once, eagerly, and drop its result, so that what a model does on its
     first call only is not what is planned: transformers installs its output-capturing hooks
     then, behind a lock Dynamo cannot trace (segformer's first step was two graphs, every
-    later one a single graph the plan had not seen)."""
+    later one a single graph the plan had not seen).
+
+    On the meta device (a step planned, not run) eager code that reads a tensor's value
+    fails, while Dynamo's trace of the same code may not read it (transformers skips its
+    mask checks when told it is being traced): there a failed first call is passed over,
+    and a forward that cannot run at all fails in the capture that follows."""
     try:
         model(*args, **kwargs)
     except Exception as exc:
+        if all(t.device.type == "meta" for t in tensors_in((args, kwargs))):
+            return
         raise UserError(f"the model's forward raised {first_line(exc)}") from exc
 
 

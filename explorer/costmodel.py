@@ -276,11 +276,18 @@ def _meta_plan(
 
 def _captured_once(plan, what: str):
     """`plan`, captured, if its step is one graph: the cost model cannot see what eager code
-    between graphs holds. A forward that reads a tensor's value (transformers' mask checks
-    call .item()) cannot run on the meta device, where tensors hold none: said so."""
+    between graphs holds. A forward that reads a tensor's value cannot run on the meta
+    device, where tensors hold none, and a transformers model's cache (use_cache=True) makes
+    tensors Dynamo cannot trace there: both said so."""
     try:
         graphs = plan.capture()
     except UserError as exc:
+        if getattr(getattr(plan.model, "config", None), "use_cache", False):
+            raise UserError(
+                f"{what} cannot be planned on the meta device with use_cache=True ({exc}): its "
+                "key-value cache makes tensors the trace cannot stand in for; build it with "
+                "use_cache=False, as a training step does"
+            ) from exc
         if "meta tensor" not in str(exc):
             raise
         raise UserError(
@@ -289,7 +296,9 @@ def _captured_once(plan, what: str):
         ) from exc
     if len(graphs) != 1:
         raise UserError(
-            f"{what} traces to {len(graphs)} graphs; the cost model plans one-graph steps only"
+            f"{what} traces to {len(graphs)} graphs; the cost model plans one-graph steps only "
+            "(a loss the model computes, as transformers' does from labels=, is often a graph "
+            "of its own: leave the labels out and plan with loss='cross_entropy')"
         )
     return plan
 

@@ -241,3 +241,29 @@ def test_keyword_call_with_another_sequence_length(quick_search):
     for p, q in zip(model.parameters(), wrapped.model.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
     assert wrapped.plans[-1].how == RESIZED
+
+
+@pytest.mark.parametrize("make", [_bert, _gpt2], ids=["bert", "gpt2"])
+def test_a_transformers_model_is_planned_for_a_gpu_without_running(make):
+    # catches: the capture's eager first call run on meta tensors, which fails where
+    # transformers reads a mask's values (it skips those checks when Dynamo traces), so that
+    # no transformers model could be planned for a device by name
+    from explorer.costmodel import model_planner
+
+    model, inputs = make()
+    if make is _gpt2:  # its loss from labels= is a second graph: the named loss instead
+        inputs.pop("labels")
+    loss = None if make is _bert else "cross_entropy"
+    plan = model_planner(model, (), inputs, device_name="a100", batch_size=16, loss=loss)
+    assert len(plan.capture()) == 1
+    assert all(plan.example_kwargs[k].shape[0] == 16 for k in inputs)
+    assert len(plan.sweep(3).points) >= 2
+    assert next(model.parameters()).device.type == "cpu"
+
+
+def test_a_transformers_model_with_its_cache_on_is_refused_for_planning_with_the_fix():
+    from explorer.costmodel import model_planner
+
+    model, inputs = _gpt2(use_cache=True)
+    with pytest.raises(explorer.UserError, match="build it with use_cache=False"):
+        model_planner(model, (), inputs, device_name="a100", batch_size=16)

@@ -38,3 +38,15 @@ def test_one_training_step_equals_the_model(name, size, config, quick_search):
     model = timm.create_model(name, pretrained=False, num_classes=10, **config)
     plan = explorer.Planner(model, torch.randn(4, 3, size, size))
     assert_lowest_point_trains_like_the_model(plan)
+
+
+def test_a_timm_model_is_planned_for_a_gpu_at_a_batch_this_machine_need_not_run():
+    # catches: stochastic depth's per-sample draws or squeeze-excitation failing on the meta
+    # device, which would leave a timm model unplannable for a device by name
+    from explorer.costmodel import model_planner
+
+    name, size, config = MODELS[0]
+    model = timm.create_model(name, pretrained=False, num_classes=10, **config)
+    plan = model_planner(model, torch.randn(2, 3, size, size), device_name="h100", batch_size=64)
+    assert len(plan.capture()) == 1 and plan.example_inputs[0].shape[0] == 64
+    assert len(plan.sweep(3).points) >= 2
