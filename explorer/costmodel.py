@@ -18,13 +18,14 @@ from __future__ import annotations
 import copy
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from explorer.devices import COMPUTE_EFFICIENCY, DEVICES, MEASURED, Device, device_names
-from explorer.errors import UserError
+from explorer.errors import UserError, first_line
 from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
 from explorer.losses import loss_name
 from explorer.modelstate import held_tensors
@@ -141,7 +142,12 @@ def meta_graph(
     their masks may be recomputed as they would be there (explorer.rewrite), where left
     whole every dropout's float output was pinned (sample:gpt b8 256 px on a P100: the least
     peak 0.462 of the activations, not 0.24)."""
-    return _meta_plan(spec, batch_size, input_size, stands_for).capture()[0]
+    graphs = _meta_plan(spec, batch_size, input_size, stands_for).capture()
+    if len(graphs) != 1:
+        raise UserError(
+            f"{spec} traces to {len(graphs)} graphs; meta_graph returns one (meta_planner: any)"
+        )
+    return graphs[0]
 
 
 def meta_planner(
@@ -156,8 +162,9 @@ def meta_planner(
     """A Planner of SPEC's step at any size, on the meta device, with every operator's
     seconds predicted for `device_name` (one of DEVICES, or "cpu"): sweep, solve and export
     as with a measured profile, for a GPU or a size this machine does not have. Nothing is
-    timed or run, so what code outside the graph holds around it (explorer.eagerpeaks) is
-    not counted, and the runtime's own cost is taken as none. An exported schedule names the
+    timed or allocated: the step runs once on the meta device, shapes only, to count what
+    code outside its graphs holds (explorer.eagerpeaks), and the runtime's own cost is taken
+    as none. An exported schedule names the
     device kind it is for ("cuda" for the GPUs); on that device the runtime applies it
     exactly where the captured graph is the one planned, and otherwise carries it over as it
     does for any other graph (explorer.backend)."""
@@ -203,7 +210,7 @@ def model_planner(
         gradients_held=gradients_held,
         stands_for=_kind(device_name),
     )
-    return _predicted(_captured_once(plan, type(model).__name__), device_name)
+    return _predicted(_captured(plan, type(model).__name__), device_name)
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -228,10 +235,24 @@ def _kind(device_name: str) -> str:
 
 
 def _predicted(plan, device_name: str):
-    """`plan` (on the meta device, captured) with the cost model's profile for the device."""
+    """`plan` (on the meta device, captured) with the cost model's profile for the device,
+    and what its code outside the graphs holds, measured by running the step on the meta
+    device (shapes only: the same bytes as on the device, none of them allocated)."""
     from explorer.profile import StepProfile
 
-    profiles = [analytic_profile(g, device_name) for g in plan.capture()]
+    try:
+        peaks = plan.eager_peaks()
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(
+            f"what the step's code outside its graphs holds could not be measured on the "
+            f"meta device: {first_line(exc)}"
+        ) from exc
+    profiles = [
+        replace(analytic_profile(g, device_name), eager=e)
+        for g, e in zip(plan.capture(), peaks, strict=True)
+    ]
     plan.use_profile(
         StepProfile(
             profiles,
@@ -253,8 +274,6 @@ def _meta_plan(
     gradients_held: bool = False,
 ):
     """SPEC's model and inputs on the meta device, in a Planner that has captured its step."""
-    from dataclasses import replace
-
     from explorer.models import build
     from explorer.planner import Planner
 
@@ -271,16 +290,15 @@ def _meta_plan(
         gradients_held=gradients_held,
         stands_for=stands_for,
     )
-    return _captured_once(plan, spec)
+    return _captured(plan, spec)
 
 
-def _captured_once(plan, what: str):
-    """`plan`, captured, if its step is one graph: the cost model cannot see what eager code
-    between graphs holds. A forward that reads a tensor's value cannot run on the meta
-    device, where tensors hold none, and a transformers model's cache (use_cache=True) makes
-    tensors Dynamo cannot trace there: both said so."""
+def _captured(plan, what: str):
+    """`plan`, captured. A forward that reads a tensor's value cannot run on the meta device,
+    where tensors hold none, and a transformers model's cache (use_cache=True) makes tensors
+    Dynamo cannot trace there: both said so."""
     try:
-        graphs = plan.capture()
+        plan.capture()
     except UserError as exc:
         if getattr(getattr(plan.model, "config", None), "use_cache", False):
             raise UserError(
@@ -294,12 +312,6 @@ def _captured_once(plan, what: str):
             f"{what} cannot be planned without running it: {exc} (its forward reads a "
             "tensor's value, which the meta device has not; plan it on a device it runs on)"
         ) from exc
-    if len(graphs) != 1:
-        raise UserError(
-            f"{what} traces to {len(graphs)} graphs; the cost model plans one-graph steps only "
-            "(a loss the model computes, as transformers' does from labels=, is often a graph "
-            "of its own: leave the labels out and plan with loss='cross_entropy')"
-        )
     return plan
 
 

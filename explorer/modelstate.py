@@ -183,8 +183,10 @@ def reachable_tensors(values: list[Any], depth: int | None = None) -> list[torch
 
 def storage_address(tensor: torch.Tensor) -> int:
     """The address of the storage behind `tensor`: the same for its views, and unique among
-    the storages alive at one time."""
-    return tensor.untyped_storage().data_ptr()
+    the storages alive at one time. On the meta device no memory stands behind a storage
+    (every address reads 0): its Python object, one for the storage's whole life, tells it."""
+    storage = tensor.untyped_storage()
+    return id(storage) if tensor.device.type == "meta" else storage.data_ptr()
 
 
 def device_of(model: nn.Module, inputs: Any) -> torch.device:

@@ -193,7 +193,18 @@ class Planner:
             loss=self.loss,
         )
         report(progress, total, total, "measuring what code outside the graphs holds")
-        peaks = measure_eager_peaks(
+        return times, self.eager_peaks()
+
+    def eager_peaks(self) -> list[EagerPeaks]:
+        """What the step's code outside its graphs holds for a moment, per graph run
+        (explorer.eagerpeaks): one step of the runtime without recomputation, measured. On
+        the meta device too, where the step runs on shapes alone and allocates nothing: what
+        it would hold is the same count of bytes."""
+        self.capture()
+        assert self._captured is not None
+        first_run = self._captured[0]
+        assert first_run.runtime is not None and first_run.set_marker is not None
+        return measure_eager_peaks(
             self.model,
             self.example_inputs,
             self.example_kwargs,
@@ -205,7 +216,6 @@ class Planner:
             gradients_held=self.gradients_held,
             unreached=first_run.unreached,
         )
-        return times, peaks
 
     def use_profile(self, profile: StepProfile) -> None:
         """Plan with a saved profile (from another run or machine) instead of profiling."""

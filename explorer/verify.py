@@ -178,14 +178,22 @@ def training_step(
         if output.requires_grad and all(d.untyped_storage() is not storage for d in differentiable):
             differentiable.append(output)
     if differentiable:
-        gen = torch.Generator(device=differentiable[0].device).manual_seed(seed + 1)
+        draw = _tangent_draw(differentiable[0].device, seed + 1)
         dtypes = [tangent_dtype or o.dtype for o in differentiable]
         tangents = [
-            _laid_out_like(o, torch.randn(o.shape, dtype=d, device=o.device, generator=gen))
-            for o, d in zip(differentiable, dtypes, strict=True)
+            _laid_out_like(o, draw(o.shape, d)) for o, d in zip(differentiable, dtypes, strict=True)
         ]
         torch.autograd.backward(differentiable, tangents)
     return [o.detach() for o in tensors]
+
+
+def _tangent_draw(device: torch.device, seed: int) -> Callable[[Any, torch.dtype], torch.Tensor]:
+    """Random tangents from a generator seeded with `seed`, on `device`; on the meta device
+    (a step planned, not run: explorer.costmodel) empty ones, shapes being all there is."""
+    if device.type == "meta":
+        return lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return lambda shape, dtype: torch.randn(shape, dtype=dtype, device=device, generator=gen)
 
 
 def loss_of(result: Any, loss: Callable[[Any], torch.Tensor]) -> torch.Tensor:
