@@ -141,7 +141,8 @@ class Planner:
         if self._profile is None and self.device.type == "meta":
             raise UserError(
                 "a model on the meta device cannot be timed: plan it with predicted times "
-                "(explorer.costmodel.meta_planner, or use_profile with analytic_profile)"
+                "(explorer.costmodel.model_planner or meta_planner, or use_profile with "
+                "analytic_profile)"
             )
         if self._profile is None:
             assert self._captured is not None

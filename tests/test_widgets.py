@@ -161,6 +161,18 @@ def assert_verified(status: StatusLine, report, table: str) -> None:
     assert status.kind == "ok" and status.text.endswith(": verified"), status.text
 
 
+def export_least_peak_and_verify(dashboard: Dashboard) -> None:
+    """Select the least-peak point (it recomputes), export it and verify it: it passes."""
+    dashboard.budget.slider.value = 0
+    assert dashboard.budget.selected.schedule.recomputed
+    dashboard.export_panel.export_button.click()
+    dashboard.verify_panel.verify_button.click()
+    finish(dashboard)
+    assert_verified(
+        dashboard.status, dashboard.verify_panel.report, dashboard.verify_panel.table.value
+    )
+
+
 def test_export_writes_the_module_and_verify_shows_its_report(swept: Dashboard) -> None:
     swept.budget.slider.value = 0
     swept.export_panel.file_name.value = "tiny_cnn_low.py"
@@ -344,14 +356,7 @@ def test_planning_for_a_device_runs_nothing_and_exports_what_verifies_there(tmp_
     finish(dashboard)
     assert dashboard.status.kind == "ok", dashboard.status.text
     assert dashboard.planner.profile().device_name.endswith("(cost model)")
-    dashboard.budget.slider.value = 0  # the least peak: it recomputes
-    assert dashboard.budget.selected.schedule.recomputed
-    dashboard.export_panel.export_button.click()
-    dashboard.verify_panel.verify_button.click()
-    finish(dashboard)
-    assert_verified(
-        dashboard.status, dashboard.verify_panel.report, dashboard.verify_panel.table.value
-    )
+    export_least_peak_and_verify(dashboard)
 
     dashboard.picker.precision.value = "bf16 autocast"
     dashboard.sweep_button.click()
@@ -498,11 +503,4 @@ def test_your_own_module_is_planned_for_a_device_at_another_batch(tmp_path) -> N
     dashboard.sweep_button.click()
     finish(dashboard)
     assert dashboard.status.kind == "ok", dashboard.status.text
-    dashboard.budget.slider.value = 0
-    assert dashboard.budget.selected.schedule.recomputed
-    dashboard.export_panel.export_button.click()
-    dashboard.verify_panel.verify_button.click()
-    finish(dashboard)
-    assert_verified(
-        dashboard.status, dashboard.verify_panel.report, dashboard.verify_panel.table.value
-    )
+    export_least_peak_and_verify(dashboard)

@@ -64,9 +64,10 @@ class Dashboard(ipw.VBox):
         self.status = StatusLine()
         self.runner = TaskRunner(self.status)
         self.picker = ModelPicker(spec, batch_size, input_size, device)
-        if self._own_model is not None:
-            runs_on, batch = _runs_on(self._own_model[1])
-            self.picker.lock(f"{type(model).__name__} (your model)", runs_on, batch)
+        # where the caller's model runs and at what batch (None: no batch dimension)
+        self._runs_on = None if self._own_model is None else _runs_on(self._own_model[1])
+        if self._runs_on is not None:
+            self.picker.lock(f"{type(model).__name__} (your model)", *self._runs_on)
         self.profile_button = ipw.Button(
             description="Profile", icon="stopwatch", button_style="primary"
         )
@@ -256,8 +257,7 @@ class Dashboard(ipw.VBox):
 
         spec, batch_size, input_size, _device, _precision = self.picker.settings()
         options = self.picker.step_options()
-        if options["autocast"] is not None:
-            raise UserError("planning for a device uses predicted fp32 times: choose fp32")
+        _refuse_autocast(options)
         return meta_planner(
             spec,
             batch_size,
@@ -274,7 +274,7 @@ class Dashboard(ipw.VBox):
         from explorer.costmodel import model_planner
 
         model, inputs = self._own_model
-        runs_on, batch = _runs_on(inputs)
+        runs_on, batch = self._runs_on
         chosen = batch if batch is None else self.picker.batch_size.value
         options = self.picker.step_options()
         device_name = self.picker.plan_for()
@@ -286,10 +286,7 @@ class Dashboard(ipw.VBox):
                 )
             self.verify_panel.refusal = None
             return Planner(model, inputs, **options)
-        if options["autocast"] is not None:
-            raise UserError("planning for a device uses predicted fp32 times: choose fp32")
-        if chosen is not None and chosen < 1:
-            raise UserError(f"batch size must be a whole number of at least 1, not {chosen}")
+        _refuse_autocast(options)
         planner = model_planner(
             model,
             inputs,
@@ -320,6 +317,13 @@ class Dashboard(ipw.VBox):
     def _enable(self) -> None:
         self.profile_button.disabled = self.runner.busy
         self.sweep_button.disabled = self.runner.busy
+
+
+def _refuse_autocast(options: dict) -> None:
+    """A step planned for a device is planned in fp32: autocast casts nothing on the meta
+    device, so the plan would be of another step than the one that runs."""
+    if options["autocast"] is not None:
+        raise UserError("planning for a device uses predicted fp32 times: choose fp32")
 
 
 def _runs_on(inputs: tuple) -> tuple[str, int | None]:
