@@ -226,7 +226,11 @@ def meta_copy(model: nn.Module) -> nn.Module:
         if isinstance(tensor, nn.Parameter):
             standin = nn.Parameter(standin, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = standin
-    return copy.deepcopy(model, memo).to("meta")
+    try:
+        copied = copy.deepcopy(model, memo)
+    except Exception as exc:  # an attribute that cannot be copied: a lock, an open file
+        raise UserError(f"cannot copy the model to plan it: {first_line(exc)}") from exc
+    return copied.to("meta")
 
 
 def _kind(device_name: str) -> str:

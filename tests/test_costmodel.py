@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 
 import pytest
@@ -204,6 +205,10 @@ def test_what_cannot_be_planned_for_a_device_is_one_clear_error():
         model_planner(model, x, device_name="tpu")
     with pytest.raises(UserError, match="cannot be planned without running it"):
         model_planner(ReadsAValue(), torch.randn(2, 4))
+    holds_a_lock = ReadsAValue()
+    holds_a_lock.lock = threading.Lock()
+    with pytest.raises(UserError, match="cannot copy the model to plan it"):
+        model_planner(holds_a_lock, torch.randn(2, 4))
 
 
 @torch._dynamo.disable
