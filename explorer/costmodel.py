@@ -284,7 +284,7 @@ def _meta_plan(
     if stands_for not in ("cuda", "cpu"):
         raise UserError(f"meta_graph: stands_for must be 'cuda' or 'cpu', not {stands_for!r}")
     built = build(spec, 2, input_size)
-    model = built.model.to("meta").train()
+    model = meta_copy(built.model).train()  # .to("meta") would untie tied weights
     plan = Planner(
         model,
         tuple(_on_meta(x, batch_size) for x in built.example_inputs),

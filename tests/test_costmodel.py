@@ -252,3 +252,20 @@ def test_a_step_of_two_graphs_is_planned_on_the_meta_device_to_the_byte(tmp_path
     assert report.ok, [row for row in report.rows if not row.ok]
     peak = next(r for r in report.rows if r.quantity.startswith("peak"))
     assert peak.measured == peak.predicted
+
+
+def test_a_meta_plan_of_a_model_with_tied_weights_and_device_constants_is_its_step():
+    # catches: `.to("meta")` untying sample:gpt's tied output layer (one parameter more: another
+    # graph, the weight counted twice) and the meta device written into an operator's
+    # constants (`arange(..., device=meta)`): either gives the planned graph another
+    # fingerprint than the step that runs, so the runtime carries the plan over rather than
+    # applying it
+    from explorer import Planner
+    from explorer.models import build
+
+    built = build("sample:gpt", 4, 64)
+    step = [g.fingerprint() for g in Planner(built.model, built.example_inputs).capture()]
+    from_spec = meta_planner("sample:gpt", 4, 64, "cpu")
+    from_model = model_planner(built.model, built.example_inputs, device_name="cpu")
+    assert [g.fingerprint() for g in from_spec.capture()] == step
+    assert [g.fingerprint() for g in from_model.capture()] == step

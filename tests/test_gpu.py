@@ -103,3 +103,34 @@ def test_a_moment_of_eager_code_is_measured_on_the_gpu():
         assert report.ok, report.format_table()
         peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
         assert peak.measured == peak.predicted, report.format_table()
+
+
+@pytest.mark.parametrize("which", ["two graphs", "sample:gpt"])
+def test_a_plan_made_on_the_meta_device_for_cuda_is_the_cuda_steps_plan(which, tmp_path):
+    """A plan made without a GPU, on the meta device with the cost model's times, for a GPU
+    (explorer.costmodel): the graphs it planned are the ones the CUDA step captures (the same
+    fingerprints, dropouts split as on CUDA: the runtime applies the plan rather than carry
+    it over), and its least-peak export verifies on CUDA. The cost model has no workspace
+    bytes (cuBLAS's, cuDNN's), so the peak is held to verify's tolerance, not to the byte."""
+    from test_costmodel import EagerBetweenGraphs
+
+    from explorer.costmodel import meta_planner, model_planner
+
+    torch.manual_seed(0)
+    if which == "two graphs":
+        model, inputs = EagerBetweenGraphs().cuda(), (torch.randn(64, 32, device="cuda"),)
+        planned = model_planner(model, inputs, device_name="h100")
+    else:
+        built = build("sample:gpt", 4, 64, device="cuda")
+        model, inputs = built.model, built.example_inputs
+        planned = meta_planner("sample:gpt", 4, 64, "h100")
+    on_cuda = explorer.Planner(model, inputs)
+    assert [g.fingerprint() for g in planned.capture()] == [
+        g.fingerprint() for g in on_cuda.capture()
+    ]
+    least = min(planned.sweep(3).points, key=lambda p: p.predicted_peak_bytes)
+    path = planned.export(least.schedule, tmp_path / "planned_for_cuda.py")
+    report = explorer.verify(path, model=model, example_inputs=inputs)
+    assert report.ok, report.format_table()
+    rows = {r.quantity: r for r in report.rows}
+    assert rows["plan applied as exported"].ok, report.format_table()
