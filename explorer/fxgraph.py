@@ -44,7 +44,7 @@ from explorer.graph import (
     TensorMeta,
     ValueRef,
 )
-from explorer.rngreplay import META_STANDS_FOR
+from explorer.metadevice import stood_for
 
 # Ops whose schema says "fresh tensor" but which return a view of their input's storage.
 _HIDDEN_VIEWS = {"aten._unsafe_view.default", "aten._reshape_alias.default"}
@@ -338,15 +338,4 @@ def _alias_positions(node: fx.Node) -> list[int | None]:
 
 def _consts(node: fx.Node) -> str:
     flat, _ = tree_flatten((node.args, node.kwargs))
-    return repr(["%" if isinstance(a, fx.Node) else _stood_for(a) for a in flat])
-
-
-def _stood_for(value: object) -> object:
-    """`value`, but the meta device as the device a step planned on it stands for
-    (META_STANDS_FOR), written as a capture there writes it: an `arange` on the meta device
-    is the plan's stand-in for one on the first GPU or the CPU, and its graph must have that
-    graph's fingerprint, so that the runtime applies the plan rather than carry it over."""
-    stands = META_STANDS_FOR.get()
-    if not (isinstance(value, torch.device) and value.type == "meta" and stands):
-        return value
-    return torch.device(stands, 0) if stands == "cuda" else torch.device(stands)
+    return repr(["%" if isinstance(a, fx.Node) else stood_for(a) for a in flat])

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from explorer import metadevice
 from explorer.backend import parameter_signature
 from explorer.capture import CapturedGraph, capture
 from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
@@ -34,7 +35,6 @@ from explorer.models import ModelSpec, inputs_batch
 from explorer.modelstate import as_trained, held_state, tensors_in
 from explorer.profile import StepProfile, profile_graph
 from explorer.progress import CancelToken, ProgressFn, report
-from explorer.rngreplay import META_STANDS_FOR
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
@@ -119,8 +119,7 @@ class Planner:
     def capture(self) -> list[Graph]:
         """The step's graphs, as the runtime will run them (cached)."""
         if self._captured is None:
-            token = META_STANDS_FOR.set(self.stands_for)
-            try:
+            with metadevice.standing_for(self.stands_for):
                 self._captured = capture(
                     self.model,
                     self.example_inputs,
@@ -128,8 +127,6 @@ class Planner:
                     autocast=self.autocast,
                     loss=self.loss,
                 )
-            finally:
-                META_STANDS_FOR.reset(token)
         return [c.graph for c in self._captured]
 
     def profile(

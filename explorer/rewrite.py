@@ -32,7 +32,8 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from explorer.rngreplay import BERNOULLI_MASK, CUDA_DROPOUT_MASK, RNG_STATE, device_kind
+from explorer.metadevice import device_kind
+from explorer.rngreplay import BERNOULLI_MASK, CUDA_DROPOUT_MASK, RNG_STATE
 
 aten = torch.ops.aten
 DROPOUT_P = "remat_dropout_p"  # node.meta of a split dropout's mask: the dropout's p
@@ -68,7 +69,7 @@ def compact_dropout(joint: fx.GraphModule) -> int:
 def _mask_draw(x: fx.Node, x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
     """The mask operator's (target, arguments after the state) and the output's scale for a
     dropout of `x` (its value `x_val`) on its device, or None where its mask cannot be drawn
-    again. A meta tensor is on the device it stands for (explorer.rngreplay.device_kind)."""
+    again. A meta tensor is on the device it stands for (explorer.metadevice.device_kind)."""
     keep = 1.0 - p
     kind = device_kind(x_val)
     if kind == "cpu":

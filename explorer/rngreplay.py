@@ -32,26 +32,13 @@ not handle it, such as a memory tracker's; custom operators pass through every m
 
 from __future__ import annotations
 
-from contextvars import ContextVar
-
 import torch
 from torch import fx
 
+from explorer.metadevice import device_kind
+
 STATE_BYTES = torch.get_rng_state().numel()  # uint8 elements of the CPU generator's state
 CUDA_STATE_BYTES = 16  # a CUDA generator's state: its Philox seed and offset, 8 bytes each
-
-
-# the device type a meta tensor stands for while a step is captured for planning on another
-# device (explorer.costmodel.meta_graph): its dropouts are split, and their generator
-# snapshots sized, as on that device. None: a meta tensor stands for nothing, and no dropout
-# of it is split
-META_STANDS_FOR: ContextVar[str | None] = ContextVar("meta_stands_for", default=None)
-
-
-def device_kind(t: torch.Tensor) -> str:
-    """The device type `t` is on, or for a meta tensor the one it stands for (META_STANDS_FOR)."""
-    kind = t.device.type
-    return (META_STANDS_FOR.get() or kind) if kind == "meta" else kind
 
 
 @torch.library.custom_op(
