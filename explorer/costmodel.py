@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from explorer.devices import COMPUTE_EFFICIENCY, DEVICES, MEASURED, Device, device_names
-from explorer.errors import UserError, first_line
+from explorer.errors import RematWarning, UserError, first_line
 from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
 from explorer.losses import loss_name
 from explorer.modelstate import held_tensors
@@ -238,6 +239,30 @@ def _kind(device_name: str) -> str:
     return "cpu" if device_name.lower() == MEASURED else "cuda"
 
 
+# the softmax of scaled_dot_product_attention's math form (aten's SDPA math path, the one a
+# meta tensor takes); explicit attention's softmax is aten._softmax
+MATH_ATTENTION_SOFTMAX = "aten._safe_softmax.default"
+
+
+def meta_caveats(plan) -> list[str]:
+    """What a plan made on the meta device cannot make exact, one line each (none for a plan
+    on a real device). The meta device has no fused attention kernel, so
+    `scaled_dot_product_attention` is planned as its math form: an attention matrix per
+    layer that the fused kernel on the device never holds, and another graph than the one
+    that runs there."""
+    if plan.device.type != "meta":
+        return []
+    if not any(n.target == MATH_ATTENTION_SOFTMAX for g in plan.capture() for n in g.nodes):
+        return []
+    return [
+        "scaled_dot_product_attention is planned as its math form (the meta device has no "
+        "fused kernel): where the device runs a fused kernel instead, which holds no attention "
+        "matrix, the predicted peaks err high and the runtime carries the plan over to that "
+        "graph rather than apply it exactly; for an exact plan, plan and train with explicit "
+        "attention (transformers: attn_implementation='eager')"
+    ]
+
+
 def _predicted(plan, device_name: str):
     """`plan` (on the meta device, captured) with the cost model's profile for the device,
     and what its code outside the graphs holds, measured by running the step on the meta
@@ -257,6 +282,8 @@ def _predicted(plan, device_name: str):
         replace(analytic_profile(g, device_name), eager=e)
         for g, e in zip(plan.capture(), peaks, strict=True)
     ]
+    for caveat in meta_caveats(plan):
+        warnings.warn(caveat, RematWarning, stacklevel=3)
     plan.use_profile(
         StepProfile(
             profiles,

@@ -119,7 +119,7 @@ class Planner:
     def capture(self) -> list[Graph]:
         """The step's graphs, as the runtime will run them (cached)."""
         if self._captured is None:
-            with metadevice.standing_for(self.stands_for):
+            with metadevice.standing_for(self.stands_for), self._as_on_a_device():
                 self._captured = capture(
                     self.model,
                     self.example_inputs,
@@ -202,18 +202,26 @@ class Planner:
         assert self._captured is not None
         first_run = self._captured[0]
         assert first_run.runtime is not None and first_run.set_marker is not None
-        return measure_eager_peaks(
-            self.model,
-            self.example_inputs,
-            self.example_kwargs,
-            first_run.runtime,
-            first_run.set_marker,
-            len(self._captured),
-            autocast=self.autocast,
-            loss=self.loss,
-            gradients_held=self.gradients_held,
-            unreached=first_run.unreached,
-        )
+        with self._as_on_a_device():
+            return measure_eager_peaks(
+                self.model,
+                self.example_inputs,
+                self.example_kwargs,
+                first_run.runtime,
+                first_run.set_marker,
+                len(self._captured),
+                autocast=self.autocast,
+                loss=self.loss,
+                gradients_held=self.gradients_held,
+                unreached=first_run.unreached,
+            )
+
+    def _as_on_a_device(self) -> contextlib.AbstractContextManager:
+        """On the meta device, composite operators traced as on a real one (their backward
+        is lost otherwise: explorer.metadevice); elsewhere nothing."""
+        if self.device.type == "meta":
+            return metadevice.composites_decomposed()
+        return contextlib.nullcontext()
 
     def use_profile(self, profile: StepProfile) -> None:
         """Plan with a saved profile (from another run or machine) instead of profiling."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 import sys
 import uuid
 from pathlib import Path
@@ -162,3 +163,21 @@ class Passes(nn.Module):
             torch._dynamo.graph_break()
             x = block(x)
         return x
+
+
+class Attention(nn.Module):
+    """One causal self-attention: fused (`scaled_dot_product_attention`) or written out."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, tokens, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        if self.fused:
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+        scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+        causal = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).tril()
+        return (scores.masked_fill(~causal, -math.inf).softmax(-1) @ v).sum()

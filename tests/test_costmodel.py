@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections import Counter
 
 import pytest
 import torch
-from helpers import PassBlock, planner
+from helpers import Attention, PassBlock, planner
 from torch import nn
 
 from explorer.costmodel import (
     DEVICES,
     analytic_profile,
+    meta_caveats,
     meta_graph,
     meta_planner,
     model_planner,
@@ -21,7 +23,7 @@ from explorer.costmodel import (
     node_flops,
     node_seconds,
 )
-from explorer.errors import UserError
+from explorer.errors import RematWarning, UserError
 from explorer.rngreplay import CUDA_STATE_BYTES, STATE_BYTES
 from explorer.solvers.registry import make_solver
 from explorer.sweep import sweep_budgets
@@ -269,3 +271,61 @@ def test_a_meta_plan_of_a_model_with_tied_weights_and_device_constants_is_its_st
     from_model = model_planner(built.model, built.example_inputs, device_name="cpu")
     assert [g.fingerprint() for g in from_spec.capture()] == step
     assert [g.fingerprint() for g in from_model.capture()] == step
+
+
+def test_a_meta_plan_of_fused_attention_says_it_plans_the_math_form():
+    # catches: planning scaled_dot_product_attention on the meta device without a word, where
+    # its graph (the math form, no fused kernel there) is not the step that runs on the device
+    # and holds the attention matrices the fused kernel does not
+    from explorer import Planner
+
+    x = torch.randn(2, 32, 16)
+    fused = Attention(fused=True)
+    with pytest.warns(RematWarning, match="scaled_dot_product_attention is planned as its math"):
+        planned = model_planner(fused, x, device_name="cpu")
+    assert len(meta_caveats(planned)) == 1
+    here = Planner(fused, x)
+    assert meta_caveats(here) == []  # a plan on a real device has its own fused kernel
+    assert [g.fingerprint() for g in planned.capture()] != [g.fingerprint() for g in here.capture()]
+    assert planned.baseline().predicted_peak_bytes > here.baseline().predicted_peak_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        explicit = model_planner(Attention(fused=False), x, device_name="a100")
+    assert meta_caveats(explicit) == []
+
+
+class CompositesInTheMiddle(nn.Module):
+    """Operators PyTorch writes as composites of others, between the parameters and the loss:
+    `relu6`, `var`, `where` with a scalar, and cross-entropy (`nll_loss`) inside the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 16)
+        self.second = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.relu6(self.first(x))
+        h = torch.where(h > 1, h, 0.0) / (1 + h.var(dim=-1, keepdim=True))
+        return nn.functional.cross_entropy(self.second(h), labels)
+
+
+def test_a_meta_plan_keeps_the_backward_of_composite_operators():
+    # catches: tracing on the meta device under PyTorch's Python dispatcher, where these
+    # composites run Python meta kernels below autograd and their backward is lost with no
+    # error (no gradient reached `first` or `second`); a GPT-2 with labels was planned 30% under
+    # its step's peak so
+    from torch._C import DispatchKey
+
+    from explorer import Planner
+
+    model, x, labels = CompositesInTheMiddle(), torch.randn(4, 8), torch.randint(0, 10, (4,))
+    here = Planner(model, (x, labels))
+    measured = here.profile().graphs[0]
+    planned = model_planner(model, (x, labels), device_name="cpu")
+    graph = planned.capture()[0]
+    assert graph.fingerprint() == here.capture()[0].fingerprint()
+    assert sum(g is not None for g in graph.input_grads) == 4  # both layers' weights and biases
+    assert planned.profile().graphs[0].eager == measured.eager
+    assert planned.baseline().predicted_peak_bytes == here.baseline().predicted_peak_bytes
+    # the Python meta kernels are back once the capture is done
+    assert DispatchKey.Meta in torch.ops.aten.nll_loss.default.py_kernels

@@ -146,7 +146,15 @@ class Dashboard(ipw.VBox):
         made = f"predicted for {self.planner.profile().device_name}" if planned else "profiled"
         self.status.ok(
             f"{made}: no-recompute peak {format_bytes(baseline.predicted_peak_bytes)}; now Sweep"
+            f"{self._caveats()}"
         )
+
+    def _caveats(self) -> str:
+        """What the plan on the meta device cannot make exact (explorer.costmodel.meta_caveats),
+        for the end of a status line; empty when nothing."""
+        from explorer.costmodel import meta_caveats
+
+        return "".join(f"; note: {caveat}" for caveat in meta_caveats(self.planner))
 
     def _run_sweep(self, progress: ProgressFn, cancel: CancelToken) -> tuple[Any, float, list[str]]:
         ui = self.runner.ui
@@ -193,7 +201,7 @@ class Dashboard(ipw.VBox):
         note = f"; peers not measured: {', '.join(not_measured)}" if not_measured else ""
         self.status.ok(
             f"swept {len(front.points)} Pareto points in {seconds:.1f} s; "
-            f"move the budget slider to pick one{note}"
+            f"move the budget slider to pick one{note}{self._caveats()}"
         )
 
     def _on_point(self, point: Any) -> None:
