@@ -242,25 +242,41 @@ def _kind(device_name: str) -> str:
 # the softmax of scaled_dot_product_attention's math form (aten's SDPA math path, the one a
 # meta tensor takes); explicit attention's softmax is aten._softmax
 MATH_ATTENTION_SOFTMAX = "aten._safe_softmax.default"
+CONVOLUTION = "aten.convolution.default"
 
 
 def meta_caveats(plan) -> list[str]:
     """What a plan made on the meta device cannot make exact, one line each (none for a plan
-    on a real device). The meta device has no fused attention kernel, so
-    `scaled_dot_product_attention` is planned as its math form: an attention matrix per
-    layer that the fused kernel on the device never holds, and another graph than the one
-    that runs there."""
+    on a real device). Where PyTorch picks a kernel by device, the meta device takes its own
+    pick: `scaled_dot_product_attention` runs as its math form (an attention matrix per
+    layer that a fused kernel never holds), and a convolution writes a contiguous output
+    where the CPU and CUDA keep a channels-last input's layout. Either gives another graph
+    than the one that runs there."""
     if plan.device.type != "meta":
         return []
-    if not any(n.target == MATH_ATTENTION_SOFTMAX for g in plan.capture() for n in g.nodes):
-        return []
-    return [
-        "scaled_dot_product_attention is planned as its math form (the meta device has no "
-        "fused kernel): where the device runs a fused kernel instead, which holds no attention "
-        "matrix, the predicted peaks err high and the runtime carries the plan over to that "
-        "graph rather than apply it exactly; for an exact plan, plan and train with explicit "
-        "attention (transformers: attn_implementation='eager')"
-    ]
+    graphs = plan.capture()
+    caveats = []
+    if any(n.target == MATH_ATTENTION_SOFTMAX for g in graphs for n in g.nodes):
+        caveats.append(
+            "scaled_dot_product_attention is planned as its math form (the meta device has no "
+            "fused kernel): where the device runs a fused kernel instead, which holds no "
+            "attention matrix, the predicted peaks err high and the runtime carries the plan "
+            "over to that graph rather than apply it exactly; for an exact plan, plan and train "
+            "with explicit attention (transformers: attn_implementation='eager')"
+        )
+    if any(_convolves_a_strided_input(g, n) for g in graphs for n in g.nodes):
+        caveats.append(
+            "a convolution of a non-contiguous input (channels-last, as after a permute) is "
+            "planned with a contiguous output, the meta device's layout: where the device "
+            "keeps channels-last (the CPU's mkldnn, CUDA's cudnn), the predicted peaks count "
+            "copies it does not make and the runtime carries the plan over to its graph "
+            "rather than apply it exactly"
+        )
+    return caveats
+
+
+def _convolves_a_strided_input(graph: Graph, node: Node) -> bool:
+    return node.target == CONVOLUTION and not graph.meta(node.inputs[0]).contiguous
 
 
 def _predicted(plan, device_name: str):

@@ -329,3 +329,35 @@ def test_a_meta_plan_keeps_the_backward_of_composite_operators():
     assert planned.baseline().predicted_peak_bytes == here.baseline().predicted_peak_bytes
     # the Python meta kernels are back once the capture is done
     assert DispatchKey.Meta in torch.ops.aten.nll_loss.default.py_kernels
+
+
+class ChannelsLastBlock(nn.Module):
+    """A convolution of a permuted (channels-last) input, as ConvNeXt's blocks have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.second = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.first(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.second(h).sum()
+
+
+def test_a_meta_plan_of_a_channels_last_convolution_says_its_layout_is_the_meta_devices():
+    # catches: planning a convolution of a channels-last input on the meta device without a
+    # word, where the meta device writes its output contiguous and the CPU keeps the input's
+    # layout: another graph than the step that runs
+    from explorer import Planner
+
+    x = torch.randn(2, 3, 16, 16)
+    with pytest.warns(RematWarning, match="a convolution of a non-contiguous input"):
+        planned = model_planner(ChannelsLastBlock(), x, device_name="cpu")
+    here = Planner(ChannelsLastBlock(), x)
+    assert [g.fingerprint() for g in planned.capture()] != [g.fingerprint() for g in here.capture()]
+    assert meta_caveats(here) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        plain = model_planner(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()), x, device_name="h100")
+    assert meta_caveats(plain) == []
