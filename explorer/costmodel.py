@@ -343,14 +343,15 @@ def _meta_plan(
 def _captured(plan, what: str):
     """`plan`, captured. A forward that reads a tensor's value cannot run on the meta device,
     where tensors hold none, and a transformers model's cache (use_cache=True) makes tensors
-    Dynamo cannot trace there: both said so."""
+    Dynamo cannot trace there: both said so. PyTorch's error does not name the cache, so for
+    a model with its cache on the fix is offered as the likely one, the error kept beside it."""
     try:
         plan.capture()
     except UserError as exc:
         if getattr(getattr(plan.model, "config", None), "use_cache", False):
             raise UserError(
-                f"{what} cannot be planned on the meta device with use_cache=True ({exc}): its "
-                "key-value cache makes tensors the trace cannot stand in for; build it with "
+                f"{what} could not be planned on the meta device with use_cache=True ({exc}); "
+                "a key-value cache makes tensors the trace cannot stand in for: build it with "
                 "use_cache=False, as a training step does"
             ) from exc
         if "meta tensor" not in str(exc):

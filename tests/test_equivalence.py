@@ -14,7 +14,7 @@ from helpers import planner
 
 import explorer
 
-# the longest first (densenet121 took 162 s on 2 cores, resnet18 28 s): the tests' workers
+# the longest first (on 2 cores: densenet121 85 s, resnet18 26 s): the tests' workers
 # then end together
 MODELS = [
     ("densenet121", 2, 48),
