@@ -35,7 +35,12 @@ import torch
 from torch import fx, nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
-from explorer.eager import eager_code, saved_by_eager_code, unreached_parameters
+from explorer.eager import (
+    eager_code,
+    parameters_outside_graphs,
+    saved_by_eager_code,
+    unreached_parameters,
+)
 from explorer.eagerpeaks import BACKWARD, END, FORWARD, START
 from explorer.errors import RematWarning, UserError, first_line
 from explorer.frames import Held, held_by_frames
@@ -96,6 +101,9 @@ class CapturedGraph:
     # the model's parameters that the step's autograd graph does not reach: their gradients,
     # if any, come from code no graph or eager node shows (explorer.eager.unreached_parameters)
     unreached: list = field(default_factory=list, repr=False)
+    # the names of the parameters eager code uses and no graph reads: layers no plan reaches
+    # (explorer.eager.parameters_outside_graphs)
+    outside: list[str] = field(default_factory=list)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The graph's parameters, buffers and constants (not activations or user inputs)."""
@@ -215,8 +223,9 @@ def capture(
     if not captured:
         raise UserError(
             "nothing to plan: no graph of this step needs a gradient (no parameter or input "
-            "requires grad, or torch.compile runs this model's code eagerly, as it does for "
-            "an nn.LSTM/nn.GRU with nothing around it)"
+            "requires grad, or torch.compile runs this model's code eagerly, as it does from an "
+            "nn.LSTM or nn.GRU attribute to the end of the forward that uses it; "
+            f"{RESUMABLE_RNN})"
         )
     _refuse_checkpointed_batch_norm(captured)
     _refuse_sparse_tensors(captured)
@@ -225,10 +234,13 @@ def capture(
     _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
     _attach_eager_code(captured, [*outputs, *losses], known)
     unreached = unreached_parameters(model, [*outputs, *losses])
+    state = [t for graph in captured for t in graph.state_tensors()]
+    outside = parameters_outside_graphs(model, state, [*outputs, *losses])
+    _warn_of_parameters_outside_graphs(outside, model)
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed
         graph.runtime, graph.set_marker = call, recorder.set_marker
-        graph.unreached = unreached
+        graph.unreached, graph.outside = unreached, outside
     return captured
 
 
@@ -265,6 +277,36 @@ def _refuse_sparse_tensors(captured: list[CapturedGraph]) -> None:
                         f"({node.target}; an nn.Embedding(sparse=True)'s gradient is one), and "
                         "remat-explorer plans dense tensors only: use sparse=False"
                     )
+
+
+# measured on torch 2.14: Dynamo meets `self.lstm` as an attribute it cannot wrap, which it
+# cannot resume after; a call of a module that holds the layer is a break it resumes after
+RESUMABLE_RNN = (
+    "such a layer called from a module of its own breaks the graph where Dynamo resumes, "
+    "and the rest of the forward is compiled and planned"
+)
+
+
+def outside_graphs_note(outside: list[str], model: nn.Module) -> str:
+    """One line on the layers no plan reaches (`outside`: their parameters' names), or ""."""
+    if not outside:
+        return ""
+    total = sum(1 for p in model.parameters() if p.requires_grad)
+    names = ", ".join(outside[:3]) + (", ..." if len(outside) > 3 else "")
+    return (
+        f"{len(outside)} of the model's {total} trainable parameters ({names}) are used by code "
+        "that torch.compile runs eagerly, outside its graphs: no plan reaches it, and what it "
+        "saves for the backward is kept whole (the predicted peaks count it). Dynamo runs "
+        "eagerly an nn.LSTM or nn.GRU, a frame with a graph break inside a loop, and a forward "
+        f"from an nn.LSTM or nn.GRU attribute to its end; {RESUMABLE_RNN}"
+    )
+
+
+def _warn_of_parameters_outside_graphs(outside: list[str], model: nn.Module) -> None:
+    if outside:
+        warnings.warn(
+            f"remat-explorer: {outside_graphs_note(outside, model)}", RematWarning, stacklevel=3
+        )
 
 
 def _warn_of_other_draws(eager: list[torch.Tensor], compiled: list[torch.Tensor]) -> None:

@@ -129,6 +129,14 @@ class Planner:
                 )
         return [c.graph for c in self._captured]
 
+    def outside_graphs(self) -> list[str]:
+        """The names of the trainable parameters that code torch.compile runs eagerly uses,
+        where no plan reaches (explorer.eager.parameters_outside_graphs); capturing warns of
+        them too."""
+        self.capture()
+        assert self._captured is not None
+        return list(self._captured[0].outside)
+
     def profile(
         self, progress: ProgressFn | None = None, cancel: CancelToken | None = None
     ) -> StepProfile:

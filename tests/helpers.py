@@ -181,3 +181,31 @@ class Attention(nn.Module):
         scores = q @ k.transpose(-2, -1) / math.sqrt(8)
         causal = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).tril()
         return (scores.masked_fill(~causal, -math.inf).softmax(-1) @ v).sum()
+
+
+class LayerOfItsOwn(nn.Module):
+    """A recurrent layer in a module of its own: Dynamo calls it, a break it resumes after."""
+
+    def __init__(self, rnn: nn.Module) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+class RecurrentInTheMiddle(nn.Module):
+    """Layers, an nn.LSTM (in a module of its own or not), layers: Dynamo runs the LSTM
+    eagerly, and, met as an attribute, the rest of the forward too."""
+
+    def __init__(self, own: bool) -> None:
+        super().__init__()
+        self.embed = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        rnn = nn.LSTM(8, 8, batch_first=True)
+        self.rnn = LayerOfItsOwn(rnn) if own else rnn
+        self.head = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = self.rnn(h) if isinstance(self.rnn, LayerOfItsOwn) else self.rnn(h)[0]
+        return self.head(h)

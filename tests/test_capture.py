@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import Passes
+from helpers import Passes, RecurrentInTheMiddle
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -324,3 +324,28 @@ def test_verify_says_when_the_wrapped_step_drew_other_random_numbers(tmp_path, u
     assert outputs.quantity == "outputs"
     assert outputs.ok is not unused_branch
     assert ("drew other random numbers" in outputs.note) is unused_branch
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_layers_that_torch_compile_runs_eagerly_are_named(own):
+    """Dynamo meets `self.rnn` (an nn.LSTM) as an attribute it cannot resume after, so it runs
+    the LSTM and the rest of the forward eagerly: the head's layers, which no plan reaches, are
+    named in a warning. The advice it gives holds: in a module of its own the LSTM is a break
+    Dynamo resumes after, and only the LSTM is left out. catches: no word of the layers left
+    out (the front then looks like the whole model's), a parameter the graphs read named"""
+    torch.manual_seed(0)
+    plan = explorer.Planner(RecurrentInTheMiddle(own), torch.randn(2, 5, 8))
+    with pytest.warns(RematWarning, match="used by code that torch.compile runs eagerly"):
+        graphs = plan.capture()
+    lstm = [f"rnn.{'rnn.' if own else ''}{name}" for name, _ in nn.LSTM(8, 8).named_parameters()]
+    head = ["head.0.weight", "head.0.bias", "head.2.weight", "head.2.bias"]
+    assert plan.outside_graphs() == (lstm if own else lstm + head)
+    assert len(graphs) == (2 if own else 1)
+
+
+def test_a_model_its_graphs_read_whole_gets_no_word_of_eager_layers():
+    plan = explorer.Planner(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(2, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        plan.capture()
+    assert plan.outside_graphs() == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import Attention
+from helpers import Attention, RecurrentInTheMiddle
 
 import explorer
 from explorer import Planner, UserError, losses
@@ -505,6 +505,19 @@ def test_your_own_module_is_planned_for_a_device_at_another_batch(tmp_path) -> N
     finish(dashboard)
     assert dashboard.status.kind == "ok", dashboard.status.text
     export_least_peak_and_verify(dashboard)
+
+
+def test_the_status_names_the_layers_no_plan_reaches(tmp_path) -> None:
+    # catches: the layers torch.compile runs eagerly named only in a warning, which the
+    # dashboard's page never shows
+    model, example = RecurrentInTheMiddle(own=False), torch.randn(2, 5, 8)
+    dashboard = Dashboard(model, example, points=3, peers=False, export_dir=tmp_path)
+    dashboard.profile_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert "; note: 8 of the model's 12 trainable parameters (rnn.weight_ih_l0," in (
+        dashboard.status.text
+    )
 
 
 def test_a_plan_for_a_device_says_what_the_meta_device_cannot_make_exact(tmp_path) -> None:

@@ -150,11 +150,15 @@ class Dashboard(ipw.VBox):
         )
 
     def _caveats(self) -> str:
-        """What the plan on the meta device cannot make exact (explorer.costmodel.meta_caveats),
-        for the end of a status line; empty when nothing."""
+        """What the plan cannot reach (layers torch.compile runs eagerly) and what a plan on the
+        meta device cannot make exact (explorer.costmodel.meta_caveats), for the end of a
+        status line; empty when nothing."""
+        from explorer.capture import outside_graphs_note
         from explorer.costmodel import meta_caveats
 
-        return "".join(f"; note: {caveat}" for caveat in meta_caveats(self.planner))
+        outside = outside_graphs_note(self.planner.outside_graphs(), self.planner.model)
+        caveats = [outside] if outside else []
+        return "".join(f"; note: {c}" for c in [*caveats, *meta_caveats(self.planner)])
 
     def _run_sweep(self, progress: ProgressFn, cancel: CancelToken) -> tuple[Any, float, list[str]]:
         ui = self.runner.ui
