@@ -3,8 +3,9 @@
 A capture runs the model's forward for real, and the peers' measurements run whole training
 steps; neither may change what the user trains. `kept` puts back, on exit, the buffers
 (BatchNorm running statistics and counters), the gradients of the parameters and of leaf
-inputs, every module's train/eval flag, and the random generators' states (torch's CPU one and
-those of the CUDA devices in use, NumPy's and Python's global ones).
+inputs, every module's train/eval flag, the random generators' states (torch's CPU one and
+those of the CUDA devices in use, NumPy's and Python's global ones), and the values of the
+inputs, which a forward may write into (`InputValues`).
 Parameters are not copied: a forward and a backward read them but do not write them.
 """
 
@@ -37,6 +38,7 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
     generators it puts back (CPU, and the CUDA devices in use) on entry, as
     `torch.manual_seed` does for the step verify runs."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    values = InputValues(inputs)
     grads = [(t, t.grad) for t in grad_holders(model, inputs)]
     modes = [(m, m.training) for m in model.modules()]
     cuda = _cuda_devices(model, inputs)
@@ -57,10 +59,58 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
             with torch.no_grad():
                 for buffer, saved in buffers:
                     buffer.copy_(saved)
+            values.restore()
             for tensor, grad in grads:
                 tensor.grad = grad
             for module, training in modes:
                 module.training = training
+
+
+class InputValues:
+    """The bytes of the inputs as they were (the stretch of its storage each input covers,
+    kept on the host), to put back or compare with. A forward that writes into its input
+    (`x.mul_(2)`, `x /= 255`) leaves each later run of the step another input, and the
+    caller's tensor changed: verify's unmodified run doubled the input its scheduled run then
+    read, and the float64 run read it doubled again, so that outputs 2.4e5 apart passed as
+    no further from float64 than the unmodified model's."""
+
+    def __init__(self, inputs: Any) -> None:
+        spans: dict[int, tuple[torch.UntypedStorage, int, int]] = {}
+        for tensor in tensors_in(inputs):
+            if tensor.layout != torch.strided or tensor.device.type == "meta" or not tensor.numel():
+                continue
+            storage = tensor.untyped_storage()
+            start, end = _byte_span(tensor)
+            _, first, last = spans.get(storage.data_ptr(), (storage, start, end))
+            spans[storage.data_ptr()] = (storage, min(first, start), max(last, end))
+        self._saved = [
+            (storage, start, _bytes(storage)[start:end].cpu().clone())
+            for storage, start, end in spans.values()
+        ]
+
+    def written(self) -> bool:
+        """Whether an input's bytes differ from what they were."""
+        return any(
+            not torch.equal(_bytes(storage)[start : start + len(saved)].cpu(), saved)
+            for storage, start, saved in self._saved
+        )
+
+    def restore(self) -> None:
+        for storage, start, saved in self._saved:
+            _bytes(storage)[start : start + len(saved)].copy_(saved)
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a tensor's elements lie in: [start, end) (strides are never
+    negative in PyTorch)."""
+    extent = 1 + sum((n - 1) * step for n, step in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.storage_offset() * tensor.element_size()
+    return start, start + extent * tensor.element_size()
+
+
+def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """The storage's bytes as a uint8 tensor on its device (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def seed_host_generators(seed: int) -> None:

@@ -10,8 +10,10 @@ seed (so dropout draws the same masks), then backward from the same random tange
 of the outputs). Every row of the report is a check that can fail:
 
 - the runtime applied the exported plan itself to every graph (not a carried-over one);
-- outputs, every parameter gradient, every input gradient (for inputs that require grad) and
-  every buffer (BatchNorm statistics and counters) equal: bitwise, or where the arithmetic may
+- outputs, every parameter gradient, every input gradient (for inputs that require grad),
+  every buffer (BatchNorm statistics and counters) and, where a forward writes into its
+  inputs, what it left in them, equal (each step starts from the inputs as given, put back
+  after it): bitwise, or where the arithmetic may
   differ, `torch.allclose(rtol=1e-5, atol=1e-5 * max|reference|)`, under autocast `atol` the
   autocast dtype's precision times the largest magnitude in the row (torch.compile rounds a
   bf16 dropout's scaling where eager does not); the row says which. A missing output or
@@ -63,6 +65,7 @@ from explorer.losses import NAMED
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.modelstate import (
     STEP_SEED,
+    InputValues,
     as_trained,
     clear_grads,
     copy_model,
@@ -81,6 +84,7 @@ RTOL = 1e-5
 ATOL_SCALE = 1e-5
 FLOAT64_MULTIPLIER = 2.0  # PyTorch's accuracy checks of compiled models allow the same
 PEAK_TOLERANCE = 0.03
+WRITTEN = "inputs written in place"  # the check of what a forward wrote into its inputs
 TIMED_STEPS = 3
 # the note on a failed row when the two steps, from one seed, left the generators in other
 # states (explorer.capture warns of it when planning)
@@ -363,16 +367,19 @@ def verify(
     state = held_state(model if model is not None else reference)
     static = tensor_bytes([*state, *tensors_in((args, kwargs))])
     dev = tensors_in((args, kwargs))[0].device
+    values = InputValues((args, kwargs))  # each step starts from them (a forward may write)
     held = bool(made_for.get("gradients_held"))
     if held:  # planned for steps that add to the gradients of an earlier one: make them
         _first_steps(
-            [reference, wrapped, exact_model], args, kwargs, seed, autocast, path, schedule, loss
-        )
+            [reference, wrapped, exact_model], (args, kwargs), values, seed, autocast, path,
+            schedule, loss,
+        )  # fmt: skip
         static += tensor_bytes([p.grad for p in candidate.parameters() if p.grad is not None])
 
     with _deterministic(dev):
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
             ref_out = training_step(reference, ref_args, seed, ref_kwargs, loss=loss)
+        ref_written = _written(values, (ref_args, ref_kwargs))
         ref_draws = generator_states(reference, (args, kwargs))
         with (
             step_autocast(dev, autocast),
@@ -380,6 +387,7 @@ def verify(
             LiveBytesTracker(dev) as new_meter,
         ):
             new_out = training_step(wrapped, new_args, seed, new_kwargs, loss=loss)
+        new_written = _written(values, (new_args, new_kwargs))
         new_draws = generator_states(reference, (args, kwargs))
 
     if model is None and any(p.how != EXACT for p in wrapped.plans):
@@ -400,6 +408,9 @@ def verify(
         "input gradients": [(ref_inputs[k].grad, new_inputs[k].grad) for k in needs_grad],
         "buffers (BatchNorm statistics)": _paired(reference.buffers(), candidate.buffers()),
     }
+    if ref_written or new_written:  # a side that wrote nothing holds the inputs as they were
+        unwritten = [t.detach().clone() for t in tensors_in((args, kwargs))]
+        checks[WRITTEN] = _paired(ref_written or unwritten, new_written or unwritten)
     checks = {name: pairs for name, pairs in checks.items() if pairs or name == "outputs"}
     rows = {name: compare(name, pairs, precision=autocast) for name, pairs in checks.items()}
     if not all(r.ok for r in rows.values()):
@@ -407,6 +418,7 @@ def verify(
         try:
             with _deterministic(dev):
                 exact = _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out, loss)
+            values.restore()
         except (RuntimeError, TypeError) as exc:  # out of memory, or no float64 kernel
             failure = f"the float64 step could not run ({first_line(exc)})"
         rows = {
@@ -426,14 +438,14 @@ def verify(
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
             ref_peak, new_peak, allocated, reserved = _cuda_peaks(
-                reference, wrapped, args, kwargs, seed, autocast, dev, held, loss
+                reference, wrapped, (args, kwargs), values, seed, autocast, dev, held, loss
             )
         report.measurements["CUDA allocated peak (bytes)"] = static + allocated
         report.measurements["CUDA reserved peak (bytes)"] = reserved
     report.rows.append(_peak_row(static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
     report.measurements.update(
-        _timings(reference, wrapped, args, kwargs, seed, schedule, autocast, held, loss)
+        _timings(reference, wrapped, (args, kwargs), values, seed, schedule, autocast, held, loss)
     )
     return report
 
@@ -459,14 +471,31 @@ def _loss_for(path: Path, made_for: dict, loss: Callable | None) -> Callable | N
 
 
 def _first_steps(
-    models: list, args: tuple, kwargs: dict, seed: int, autocast, path: Path, schedule: dict, loss
+    models: list,
+    inputs: tuple[tuple, dict],
+    values: InputValues,
+    seed: int,
+    autocast,
+    path: Path,
+    schedule: dict,
+    loss,
 ) -> None:
     """One step of each model, whose gradients the compared step adds to."""
-    dev = tensors_in((args, kwargs))[0].device
+    dev = tensors_in(inputs)[0].device
     with _deterministic(dev), step_autocast(dev, autocast), _explained(path, schedule):
         for model in models:
-            step_args, step_kwargs = _fresh_inputs(args, kwargs)
+            step_args, step_kwargs = _fresh_inputs(*inputs)
             training_step(model, step_args, seed, step_kwargs, loss=loss)
+            values.restore()
+
+
+def _written(values: InputValues, inputs: tuple[tuple, dict]) -> list[torch.Tensor] | None:
+    """The inputs as a step left them, if it wrote into one; the inputs are put back."""
+    if not values.written():
+        return None
+    written = [t.detach().clone() for t in tensors_in(inputs)]
+    values.restore()
+    return written
 
 
 @contextlib.contextmanager
@@ -528,22 +557,32 @@ def _float64_step(
         "parameter gradients": [p.grad for p in model.parameters()],
         "input gradients": [inputs[k].grad for k in needs_grad],
         "buffers (BatchNorm statistics)": list(model.buffers()),
+        WRITTEN: [t.detach() for t in inputs],
     }
 
 
 def _cuda_peaks(
-    reference, wrapped, args, kwargs, seed, autocast, dev: torch.device, held: bool, loss
+    reference,
+    wrapped,
+    inputs: tuple[tuple, dict],
+    values: InputValues,
+    seed: int,
+    autocast,
+    dev: torch.device,
+    held: bool,
+    loss,
 ) -> tuple[int, int, int, int]:
     """One more step of each model, gradients cleared first unless the plan holds them, under
     the user's kernel settings: the unmodified and the scheduled peaks as requested of the
     allocator, and the scheduled step's allocated and reserved peaks."""
     peaks = []
     for model in (reference, wrapped):
-        step_args, step_kwargs = _fresh_inputs(args, kwargs)
+        step_args, step_kwargs = _fresh_inputs(*inputs)
         if not held:
             clear_grads(model, (step_args, step_kwargs))
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as meter:
             training_step(model, step_args, seed, step_kwargs, loss=loss)
+        values.restore()
         peaks.append(meter)
     ref, new = peaks
     return ref.peak_bytes, new.peak_bytes, new.peak_allocated_bytes, new.peak_reserved_bytes
@@ -579,14 +618,22 @@ def _peak_row(measured: int, schedule: dict) -> VerifyRow:
 
 
 def _timings(
-    reference, wrapped, args, kwargs, seed, schedule, autocast, held: bool, loss
+    reference,
+    wrapped,
+    inputs: tuple[tuple, dict],
+    values: InputValues,
+    seed: int,
+    schedule: dict,
+    autocast,
+    held: bool,
+    loss,
 ) -> dict[str, float]:
     """Median step times, interleaved so that drifts in machine load hit both alike."""
-    dev = tensors_in((args, kwargs))[0].device
+    dev = tensors_in(inputs)[0].device
     ref_times, new_times = [], []
     for _ in range(TIMED_STEPS):
         for model, times in ((reference, ref_times), (wrapped, new_times)):
-            step_args, step_kwargs = _fresh_inputs(args, kwargs)
+            step_args, step_kwargs = _fresh_inputs(*inputs)
             if not held:  # start as the plan does: without gradients, unless it holds them
                 clear_grads(model, (step_args, step_kwargs))
 
@@ -595,6 +642,7 @@ def _timings(
 
             with step_autocast(dev, autocast):
                 times.append(time_step(step, dev))
+            values.restore()
     ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
     return {
         "step seconds, schedule": new_s,

@@ -359,3 +359,52 @@ def test_the_step_compares_a_state_without_gradient_but_not_the_model_s_own_tens
     path = explorer.Planner(model, x).baseline().export(tmp_path / "state_plan.py")
     report = explorer.verify(path, model=model, example_inputs=(x,))
     assert report.ok, report.format_table()
+
+
+class _WritesItsInput(nn.Module):
+    """Reads its input, then doubles it in place (as `x /= 255` in a forward would): with
+    `compiled_writes_other`, compiled it adds one instead, the same outputs and gradients."""
+
+    def __init__(self, compiled_writes_other: bool = False) -> None:
+        super().__init__()
+        self.compiled_writes_other = compiled_writes_other
+        self.a, self.b = nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.b(torch.tanh(self.a(torch.sin(x))))
+        if self.compiled_writes_other and torch.compiler.is_compiling():
+            x.add_(1)
+        else:
+            x.mul_(2)
+        return out
+
+
+def test_a_forward_that_writes_into_its_input_gets_the_same_input_at_every_step(tmp_path):
+    """Every step starts from the inputs as given, and the planner and verify leave the
+    caller's input as it was. catches: verify's unmodified run writing into the input its
+    scheduled run then reads (outputs 2.4e5 apart passed, through the float64 step, which
+    read it written twice), the planner's runs doubling the caller's input"""
+    torch.manual_seed(0)
+    model, x = _WritesItsInput(), torch.randn(128, 64)
+    given = x.clone()
+    plan = explorer.Planner(model, (x,))
+    front = plan.sweep(points=3)
+    assert torch.equal(x, given)
+    report = front.points[0].schedule.verify()
+    assert torch.equal(x, given)
+    rows = {r.quantity: r for r in report.rows}
+    assert report.ok, report.format_table()
+    assert rows["outputs"].measured == "bitwise equal", report.format_table()
+    assert rows["inputs written in place"].measured == "bitwise equal"
+
+
+def test_what_a_forward_writes_into_its_input_is_compared(tmp_path):
+    # catches: a wrapped model that leaves other values in its input than the model does
+    # passing verify (its outputs and gradients are the same)
+    torch.manual_seed(0)
+    model, x = _WritesItsInput(compiled_writes_other=True), torch.randn(128, 64)
+    path = explorer.Planner(model, (x,)).baseline().export(tmp_path / "writes.py")
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    rows = {r.quantity: r for r in report.rows}
+    assert rows["outputs"].ok and rows["parameter gradients"].ok, report.format_table()
+    assert not rows["inputs written in place"].ok and not report.ok
