@@ -467,7 +467,9 @@ def wrap_with_schedule(model: nn.Module, made_for: dict, schedule: dict) -> Rema
     """Wrap `model` so that its training steps follow `schedule` (see the module docstring).
 
     Refuses, with a RematError that says why, a model whose parameters are not the ones the
-    schedule was made for."""
+    schedule was made for. A model in torch.compile's wrapper, or already wrapped, has the
+    module inside it wrapped (`module_inside`)."""
+    model = module_inside(model)
     expected = made_for.get("parameters")
     if expected is not None:
         found = parameter_signature(model)
@@ -478,6 +480,32 @@ def wrap_with_schedule(model: nn.Module, made_for: dict, schedule: dict) -> Rema
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise RematError(f"corrupt schedule ({type(exc).__name__}: {exc})") from exc
     return RematModule(model, made_for, schedule)
+
+
+def module_inside(model: nn.Module) -> nn.Module:
+    """The module a plan is for, with a warning where it is not `model` itself: the one inside
+    torch.compile's wrapper (an OptimizedModule, whose parameters are named `_orig_mod.*`, so
+    that neither its plan nor its file fitted the module itself, and whose inductor kernels
+    were verify's reference), or inside a RematModule. A plan runs the model under
+    torch.compile with this backend, which runs AOTAutograd's graphs operator by operator, as
+    eager PyTorch does: the wrapper given is set aside, its kernels with it."""
+    wrappers = (
+        (torch._dynamo.eval_frame.OptimizedModule, "_orig_mod", "torch.compile's wrapper"),
+        (RematModule, "model", "a RematModule (wrapped with a schedule already)"),
+    )
+    for kind, inner_name, what in wrappers:
+        inner = getattr(model, inner_name, None)
+        if isinstance(model, kind) and isinstance(inner, nn.Module):
+            warnings.warn(
+                f"remat-explorer: the model given is in {what}; the module inside it "
+                f"(.{inner_name}) is the one planned, wrapped and verified: a plan runs it "
+                "under torch.compile with remat-explorer's backend, operator by operator as "
+                "eager PyTorch, not under the wrapper given",
+                RematWarning,
+                stacklevel=3,
+            )
+            return module_inside(inner)
+    return model
 
 
 def parameter_signature(model: nn.Module) -> list[list]:

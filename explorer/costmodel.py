@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from explorer.backend import module_inside
 from explorer.devices import COMPUTE_EFFICIENCY, DEVICES, MEASURED, Device, device_names
 from explorer.errors import RematWarning, UserError, first_line
 from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
@@ -203,6 +204,7 @@ def model_planner(
     ):
         raise UserError(f"batch_size must be a whole number of at least 1, not {batch_size!r}")
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    model = module_inside(model)  # not a copy of torch.compile's wrapper
     plan = Planner(
         meta_copy(model),
         tuple(_on_meta(x, batch_size) for x in args),

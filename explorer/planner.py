@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from explorer import metadevice
-from explorer.backend import parameter_signature
+from explorer.backend import module_inside, parameter_signature
 from explorer.capture import CapturedGraph, capture
 from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
 from explorer.errors import UserError
@@ -81,7 +81,7 @@ class Planner:
             raise UserError(f"the model must be a torch.nn.Module, not {type(model).__name__}")
         # never the whole model in train mode: that would unfreeze the user's own frozen
         # layers, in the model they go on training, silently
-        self.model = as_trained(model)
+        self.model = as_trained(module_inside(model))
         self.example_inputs = tuple(args) if isinstance(args, (tuple, list)) else (args,)
         self.example_kwargs = dict(kwargs or {})
         if not any(isinstance(x, torch.Tensor) for x in self.tensors):

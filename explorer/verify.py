@@ -58,7 +58,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from explorer.backend import EXACT, RematError, wrap_with_schedule
+from explorer.backend import EXACT, RematError, module_inside, wrap_with_schedule
 from explorer.errors import UserError, first_line
 from explorer.export import read_module
 from explorer.losses import NAMED
@@ -689,7 +689,7 @@ def _models(made_for, model, example_inputs, example_kwargs, device):
             raise UserError("verify(model=...) needs example_inputs (and/or example_kwargs) too")
         args = example_inputs if example_inputs is not None else ()
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
-        return as_trained(copy_model(model)), args, dict(example_kwargs or {})
+        return as_trained(copy_model(module_inside(model))), args, dict(example_kwargs or {})
     from explorer.models import build
 
     spec = made_for.get("model", {})

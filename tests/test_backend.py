@@ -1116,3 +1116,31 @@ def test_what_an_eager_checkpoint_saves_is_counted_as_it_holds_it():
         report = point.schedule.verify()
         peak = next(r for r in report.rows if r.quantity == "peak memory (bytes)")
         assert report.ok and peak.measured == peak.predicted, report.format_table()
+
+
+def test_a_model_in_a_wrapper_is_planned_wrapped_and_verified_as_the_module_inside(tmp_path):
+    """torch.compile's wrapper names its parameters `_orig_mod.*`: a plan of it fitted neither
+    the module itself nor, once wrapped again, the wrapper, and verify's reference ran the
+    wrapper's inductor kernels (outputs 8.9e-8 apart, passed within tolerance). The module
+    inside is the one planned, wrapped and verified, with a warning. catches: the wrapper
+    planned, a file the module itself is refused by, verify against inductor's arithmetic"""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh())
+    x = torch.randn(32, 64)
+    with pytest.warns(RematWarning, match="in torch.compile's wrapper; the module inside it"):
+        plan = explorer.Planner(torch.compile(model), x)
+    assert plan.model is model
+    schedule = plan.sweep(points=2).points[0].schedule
+    path = schedule.export(tmp_path / "inside.py")
+    with pytest.warns(RematWarning, match="in torch.compile's wrapper"):
+        report = explorer.verify(path, model=torch.compile(model), example_inputs=(x,))
+    rows = {r.quantity: r for r in report.rows}
+    assert report.ok and rows["outputs"].measured == "bitwise equal", report.format_table()
+    made_for = plan.made_for()
+    with pytest.warns(RematWarning, match="in torch.compile's wrapper"):
+        wrapped = wrap_with_schedule(torch.compile(model), made_for, schedule.to_dict())
+    assert wrapped.model is model
+    with pytest.warns(RematWarning, match=r"in a RematModule \(wrapped with a schedule already\)"):
+        again = wrap_with_schedule(wrapped, made_for, schedule.to_dict())
+    assert again.model is model
+    assert torch.equal(again(x), model(x))
