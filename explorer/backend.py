@@ -22,7 +22,9 @@ the new graph gets a plan:
 
 A plan counts how many times the step runs each graph (Dynamo reuses one graph for every pass
 of a loop it split the model inside; every run follows the graph's one schedule): a forward that
-runs a graph more often (a path other than the one planned) trains exactly and warns, once.
+runs a graph more often (a path other than the one planned) trains exactly and warns, once;
+so does a call that starts while the activations an earlier call saved wait for their backward
+(the model called twice before one backward, as a siamese network is).
 
 Contract, for users of the wrapped module:
 - it is called like the model (positional and keyword inputs, any output structure) and
@@ -52,6 +54,7 @@ import contextlib
 import gc
 import types
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,6 +67,7 @@ from torch._dynamo.backends.common import aot_autograd
 from explorer.errors import RematWarning
 from explorer.fxgraph import describe
 from explorer.graph import FORWARD, Graph, ValueRef
+from explorer.modelstate import storage_address
 from explorer.partition import partition
 from explorer.program import (
     baseline_schedule,
@@ -142,6 +146,11 @@ class RematBackend:
         # caller last cleared them, and how many runs a step of the plan makes of each
         self.runs: Counter[int] = Counter()
         self.counted_runs: dict[int, int] = {}
+        # what the planned graphs' forward runs saved for their backward (weak references:
+        # alive until the backward has run or the autograd graph is let go), and how many of
+        # each planned graph's forward outputs come before its saved values
+        self._saved: list[weakref.ref] = []
+        self._forward_outputs: dict[int, int] = {}
         self._partitioned = 0  # graphs planned so far
         self._planned: int | None = None  # the graph just planned, until its forward compiles
         self._compile = aot_autograd(
@@ -162,15 +171,39 @@ class RematBackend:
         if number is None:
             return run
 
+        outputs = self._forward_outputs[number]
+
         def counted(args: list) -> Any:
             self.runs[number] += 1
-            return run(args)
+            # storages only: the run frees each input at its last use (`_boxed`)
+            given = {storage_address(a) for a in args if _dense(a)}
+            result = run(args)
+            self._note_saved(result, outputs, given)
+            return result
 
         counted._boxed_call = True  # type: ignore[attr-defined]
         return counted
 
     def _compile_backward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
         return _boxed(gm, example_inputs)
+
+    def _note_saved(self, result: Any, outputs: int, given: set[int]) -> None:
+        """Keep weak references to the activations a forward run saved: its saved values but
+        those in the storage of a graph input (`given`: their addresses), such as a
+        parameter, which outlive the autograd graph anyway. (A saved value that is also an
+        output reaches the user as another tensor object, which does not keep it alive.)"""
+        self._saved = [r for r in self._saved if r() is not None]
+        self._saved += [
+            weakref.ref(t)
+            for t in result[outputs:]
+            if _dense(t) and storage_address(t) not in given
+        ]
+
+    def held_for_backward(self) -> int:
+        """The bytes that forward runs saved and that no backward has freed yet (each storage
+        once): activations of an earlier call whose autograd graph is still alive."""
+        alive = [t for t in (r() for r in self._saved) if t is not None]
+        return sum({storage_address(t): t.untyped_storage().nbytes() for t in alive}.values())
 
     def runs_beyond_plan(self) -> tuple[int, int] | None:
         """A planned graph's forward runs since `runs` was cleared, and the runs the plan
@@ -201,6 +234,7 @@ class RematBackend:
         self._partitioned += 1
         self._planned = self._partitioned
         self.counted_runs[self._planned] = _runs_planned(self.schedules, graph)
+        self._forward_outputs[self._planned] = num_fwd_outputs
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
         return forward, backward
@@ -251,6 +285,10 @@ class RematBackend:
                 stacklevel=2,
             )
         return schedule
+
+
+def _dense(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.layout == torch.strided
 
 
 def _runs_planned(schedules: list[GraphSchedule], graph: Graph) -> int:
@@ -405,6 +443,7 @@ class RematModule(nn.Module):
         object.__setattr__(self, "_compiled", compile_call(backend))
         object.__setattr__(self, "_warned_runs", False)
         object.__setattr__(self, "_warned_grads", bool(self.made_for.get("gradients_held")))
+        object.__setattr__(self, "_warned_held", False)
 
     @property
     def plans(self) -> list[GraphPlan]:
@@ -417,6 +456,8 @@ class RematModule(nn.Module):
         self.backend.runs.clear()
         if not self._warned_grads:
             self._warn_of_held_gradients()
+        if not self._warned_held:
+            self._warn_of_held_activations()
         with dynamo_settings(), collecting_compile_garbage():
             result = self._compiled(self.model, *args, **kwargs)
         beyond = self.backend.runs_beyond_plan()
@@ -431,6 +472,26 @@ class RematModule(nn.Module):
                 stacklevel=2,
             )
         return result
+
+    def _warn_of_held_activations(self) -> None:
+        """Once: this call starts while activations an earlier call saved wait for their
+        backward (the model called twice before one backward, as a siamese network, a
+        contrastive loss or a GAN's discriminator on real and fake images is), which a plan
+        made for one call per step does not count."""
+        held = self.backend.held_for_backward()
+        if not held:
+            return
+        object.__setattr__(self, "_warned_held", True)
+        warnings.warn(
+            f"remat-explorer: this call starts while the activations an earlier call saved "
+            f"({format_bytes(held)}) are still held by its autograd graph (the model called "
+            "twice before one backward, or a graph kept with retain_graph=True), which the "
+            "plan, made for one call per step, does not count: the peak may exceed the budget "
+            "by that much; plan a module whose forward makes every call of the step, or run "
+            "each call's backward before the next call",
+            RematWarning,
+            stacklevel=2,
+        )
 
     def _warn_of_held_gradients(self) -> None:
         """Once: the step starts with gradients an earlier one left, which a plan made for a
@@ -456,6 +517,7 @@ class RematModule(nn.Module):
         state.pop("_compiled", None)
         state.pop("_warned_runs", None)
         state.pop("_warned_grads", None)
+        state.pop("_warned_held", None)
         return state
 
     def __setstate__(self, state: dict) -> None:

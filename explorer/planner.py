@@ -40,7 +40,7 @@ from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
 from explorer.solvers.registry import make_solver
 from explorer.step import StepSolver
-from explorer.stepcost import StepTimes, measure_step_times
+from explorer.stepcost import CAPTURED_AT_EVERY_CALL, StepTimes, measure_step_times
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
 
@@ -456,12 +456,7 @@ def _refusing_a_step_compiled_at_every_call() -> Iterator[None]:
     try:
         yield
     except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
-        raise UserError(
-            "cannot plan this step: torch.compile captures it again at every call (Dynamo's "
-            "recompile limit reached: TORCH_LOGS=recompiles shows why), as a model whose "
-            "Python takes another path each step does (random choices made in Python, such "
-            "as BigBird's block-sparse attention): no plan of one step holds for the next"
-        ) from exc
+        raise UserError(CAPTURED_AT_EVERY_CALL) from exc
 
 
 def _stood_for(device: torch.device, stands_for: str | None) -> str:

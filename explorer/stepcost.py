@@ -22,8 +22,9 @@ puts its buffers, gradients, flags and RNG back.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from explorer.backend import RematBackend, compile_call, dynamo_settings
+from explorer.errors import UserError
 from explorer.memory import time_step
 from explorer.modelstate import device_of, grad_holders, kept
 from explorer.progress import CancelToken, check_cancel
@@ -40,6 +42,33 @@ from explorer.verify import step_autocast, training_step
 # as fit in TIMING_SECONDS, at least one and at most MAX_ROUNDS (a 1 s step gets two)
 TIMING_SECONDS = 4.0
 MAX_ROUNDS = 5
+
+
+# the refusal of a step that Dynamo captures again at every call (the planner's too, where
+# the recompile limit is reached first)
+CAPTURED_AT_EVERY_CALL = (
+    "cannot plan this step: torch.compile captures it again at every call "
+    "(TORCH_LOGS=recompiles shows why), as a model does whose Python takes another path at "
+    "each step (random choices made in Python, such as BigBird's block-sparse attention) or "
+    "that changes what its forward reads at each call (a forward hook that appends to a list, "
+    "a counter kept on the module): no plan of one step holds for the next, and the step "
+    "would compile at every call until Dynamo's recompile limit stops it"
+)
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[list[None]]:
+    """The Dynamo compilations that end inside the block, one entry each."""
+    compiles: list[None] = []
+
+    def count(_args: object) -> None:
+        compiles.append(None)
+
+    torch._dynamo.callback_handler.register_end_callback(count)
+    try:
+        yield compiles
+    finally:
+        torch._dynamo.callback_handler.remove_end_callback(count)
 
 
 @dataclass
@@ -67,6 +96,7 @@ def measure_step_times(
     (every graph runs without recomputation), interleaved (see the module docstring).
     `runtime`: such a compiled step already made (the capture's), else one is compiled."""
     device = device_of(model, (args, kwargs))
+    made_here = runtime is None
     if runtime is None:
         runtime = compile_call(RematBackend([]))  # no schedules: nothing is recomputed
     holders = grad_holders(model, (args, kwargs))
@@ -80,7 +110,13 @@ def measure_step_times(
         return run
 
     eager_step = step(model)
-    runtime_step = step(lambda *a, **k: runtime(model, *a, **k))
+    compiled: list[bool] = []  # whether each runtime step compiled (captured the model again)
+
+    def runtime_step() -> None:
+        with _compiling() as compiles:
+            step(lambda *a, **k: runtime(model, *a, **k))()
+        compiled.append(bool(compiles))
+
     eager: list[float] = []
     ours: list[float] = []
     with kept(model, (args, kwargs)), dynamo_settings(), step_autocast(device, autocast):
@@ -90,6 +126,11 @@ def measure_step_times(
             check_cancel(cancel)
             eager.append(time_step(eager_step, device))
             ours.append(time_step(runtime_step, device))
+    # the warm-up's compilation counts where the runtime was made elsewhere (the capture's,
+    # which compiled the step already); a runtime made here compiles at its first step
+    steps = compiled[1:] if made_here else compiled
+    if steps and all(steps):
+        raise UserError(CAPTURED_AT_EVERY_CALL)
     ratios = [b / a for a, b in zip(eager, ours, strict=True) if a > 0]
     return StepTimes(
         eager_seconds=statistics.median(eager),

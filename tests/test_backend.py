@@ -1144,3 +1144,48 @@ def test_a_model_in_a_wrapper_is_planned_wrapped_and_verified_as_the_module_insi
         again = wrap_with_schedule(wrapped, made_for, schedule.to_dict())
     assert again.model is model
     assert torch.equal(again(x), model(x))
+
+
+class _SavedOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 8)
+        )  # fmt: skip
+
+    def forward(self, x):
+        return torch.tanh(self.layers(x))  # a saved value, which the user holds
+
+
+def test_a_model_called_twice_before_one_backward_is_warned_about_once():
+    """A siamese or contrastive step calls the model twice before one backward: the first
+    call's activations are held while the second runs, which a plan made for one call per step
+    does not count. catches: no word of it (the peak over the budget, silently), and a word in
+    a plain loop (the last output, a value the graph saved, still held), after a graph let go
+    without backward, or after retain_graph's second backward"""
+    torch.manual_seed(0)
+    x, other = torch.randn(64, 32), torch.randn(64, 32)
+    plan, schedule = _lowest(_SavedOutput(), x)
+    wrapped = _wrap(plan, schedule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)
+        for _ in range(2):
+            wrapped.zero_grad(set_to_none=True)
+            out = wrapped(x)
+            out.square().sum().backward()
+        del out
+        wrapped.zero_grad(set_to_none=True)
+        wrapped(x)  # let go without a backward
+        wrapped.zero_grad(set_to_none=True)
+        loss = wrapped(x).square().sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        wrapped.zero_grad(set_to_none=True)
+        wrapped(x).sum().backward()
+    wrapped.zero_grad(set_to_none=True)
+    with pytest.warns(RematWarning, match=r"earlier call saved \(.*\) are still held by its"):
+        (wrapped(x) - wrapped(other)).square().sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RematWarning)  # said once
+        wrapped.zero_grad(set_to_none=True)
+        (wrapped(x) - wrapped(other)).square().sum().backward()

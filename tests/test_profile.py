@@ -199,3 +199,27 @@ def test_a_step_compiled_again_at_every_call_is_refused_in_one_line():
     plan = explorer.Planner(_OtherPathEachCall(), (torch.randn(4, 8),))
     with pytest.raises(UserError, match="captures it again at every call"):
         plan.profile()
+
+
+class _KeepsEachOutput(nn.Module):
+    """A forward hook appends a layer's output to a list (as one that collects features for a
+    perceptual loss may): Dynamo guards on the list's length, so the step is captured again at
+    every call, a few times within profiling's rounds, far from the recompile limit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 32), nn.Linear(32, 8)
+        self.features: list[torch.Tensor] = []
+        self.a.register_forward_hook(lambda _m, _i, out: self.features.append(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_a_step_captured_again_at_every_call_below_the_recompile_limit_is_refused():
+    # catches: such a step profiled (its runtime factor read 97x, every predicted overhead
+    # with it), planned, and left to compile at each training step until Dynamo's recompile
+    # limit stopped the loop at its 64th step
+    plan = explorer.Planner(_KeepsEachOutput(), (torch.randn(4, 8),))
+    with pytest.raises(UserError, match="captures it again at every call .* appends to a list"):
+        plan.profile()
