@@ -418,9 +418,10 @@ def verify(
         try:
             with _deterministic(dev):
                 exact = _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out, loss)
-            values.restore()
         except (RuntimeError, TypeError) as exc:  # out of memory, or no float64 kernel
             failure = f"the float64 step could not run ({first_line(exc)})"
+        finally:
+            values.restore()
         rows = {
             name: compare(name, pairs, exact.get(name), autocast) for name, pairs in checks.items()
         }
