@@ -84,7 +84,7 @@ class InputValues:
             _, first, last = spans.get(storage.data_ptr(), (storage, start, end))
             spans[storage.data_ptr()] = (storage, min(first, start), max(last, end))
         self._saved = [
-            (storage, start, _bytes(storage)[start:end].cpu().clone())
+            (storage, start, _on_host(_bytes(storage)[start:end]))
             for storage, start, end in spans.values()
         ]
 
@@ -106,6 +106,11 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     extent = 1 + sum((n - 1) * step for n, step in zip(tensor.shape, tensor.stride(), strict=True))
     start = tensor.storage_offset() * tensor.element_size()
     return start, start + extent * tensor.element_size()
+
+
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy on the host (one copy, from any device)."""
+    return tensor.clone() if tensor.device.type == "cpu" else tensor.cpu()
 
 
 def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
