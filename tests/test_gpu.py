@@ -134,3 +134,27 @@ def test_a_plan_made_on_the_meta_device_for_cuda_is_the_cuda_steps_plan(which, t
     assert report.ok, report.format_table()
     rows = {r.quantity: r for r in report.rows}
     assert rows["plan applied as exported"].ok, report.format_table()
+
+
+class _WritesItsInput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.b(torch.tanh(self.a(torch.sin(x))))
+        x.mul_(2)
+        return out
+
+
+def test_a_forward_that_writes_into_its_cuda_input_gets_it_as_given_at_every_step():
+    # catches: the inputs' bytes kept or put back wrongly from a CUDA storage (they are kept on
+    # the host), so that verify's steps read other inputs or the caller's input changes
+    torch.manual_seed(0)
+    model, x = _WritesItsInput().cuda(), torch.randn(128, 64, device="cuda")
+    given = x.clone()
+    plan = explorer.Planner(model, (x,))
+    report = plan.sweep(points=3).points[0].schedule.verify()
+    assert torch.equal(x, given)
+    rows = {r.quantity: r for r in report.rows}
+    assert report.ok and rows["inputs written in place"].ok, report.format_table()
