@@ -25,6 +25,8 @@ import difflib
 import importlib
 import inspect
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple, TypeVar
@@ -237,6 +239,7 @@ def _load_factory(spec: str) -> Callable[[], object]:
         raise UserError(
             f"model spec {spec!r} is not a torchvision name, sample:NAME or package.module:factory"
         )
+    _importable_from_here()
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -255,6 +258,16 @@ def _load_factory(spec: str) -> Callable[[], object]:
     except ValueError:  # no signature to inspect (some builtins): let the call decide
         pass
     return factory
+
+
+def _importable_from_here() -> None:
+    """Let the current folder's modules be imported, after everything installed: a console
+    script's import path starts at its own folder, not where it runs, so `remat-explorer sweep
+    --model mymodels:make` beside `mymodels.py` answered "No module named 'mymodels'". Last on
+    the path, such a file never shadows an installed module."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.append(here)
 
 
 def _split_factory_result(result: object, spec: str) -> tuple[nn.Module, tuple | None, dict]:

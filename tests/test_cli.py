@@ -746,3 +746,15 @@ def test_a_plan_for_another_device_refuses_what_it_cannot_honour(capsys, tmp_pat
     assert_refused(capsys, ["sweep", "--model", "sample:tiny_cnn", *extra, "--out", str(out)],
                    expected)  # fmt: skip
     assert not out.exists()
+
+
+def test_a_factory_beside_the_user_is_found(capsys, monkeypatch, tmp_path):
+    # catches: "No module named 'remat_cli_factories'" for a module in the folder the command
+    # runs in (a console script's import path starts at its own folder)
+    (tmp_path / "remat_cli_factories.py").write_text(FACTORIES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    spec = ["--model", "remat_cli_factories:with_inputs"]
+    code, err = run(capsys, "profile", *spec, "--device", "cpu", "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert sys.path[-1] == str(tmp_path)  # after everything installed
