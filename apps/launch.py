@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from explorer.errors import UserError
+from explorer.models import importable_from
 
 NOTEBOOK = Path(__file__).with_name("dashboard.ipynb")
 HOST = "127.0.0.1"
@@ -71,7 +72,12 @@ def environment(
 
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """`Dashboard` keyword arguments from the launcher's variables (defaults where unset)."""
+    """`Dashboard` keyword arguments from the launcher's variables (defaults where unset).
+    The folder the launcher ran in, where exports land, is also where a factory module of
+    the model's SPEC is looked for (`--model mymodels:make` beside `mymodels.py`): the
+    kernel runs in the notebook's own folder."""
+    if environ.get(ENV_EXPORT_DIR):
+        importable_from(str(Path(environ[ENV_EXPORT_DIR]).resolve()))
     model, batch_size, input_size = resolve(
         environ.get(ENV_MODEL) or None,
         _whole_number(environ, ENV_BATCH_SIZE),

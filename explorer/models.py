@@ -261,13 +261,18 @@ def _load_factory(spec: str) -> Callable[[], object]:
 
 
 def _importable_from_here() -> None:
-    """Let the current folder's modules be imported, after everything installed: a console
-    script's import path starts at its own folder, not where it runs, so `remat-explorer sweep
-    --model mymodels:make` beside `mymodels.py` answered "No module named 'mymodels'". Last on
-    the path, such a file never shadows an installed module."""
-    here = os.getcwd()
-    if "" not in sys.path and here not in sys.path:
-        sys.path.append(here)
+    """Let the current folder's modules be imported: a console script's import path starts at
+    its own folder, not where it runs, so `remat-explorer sweep --model mymodels:make` beside
+    `mymodels.py` answered "No module named 'mymodels'"."""
+    if "" not in sys.path:
+        importable_from(os.getcwd())
+
+
+def importable_from(folder: str) -> None:
+    """Let `folder`'s modules be imported, after everything installed (last on the path), so
+    that a file there never shadows an installed module: factory modules of model SPECs."""
+    if folder not in sys.path:
+        sys.path.append(folder)
 
 
 def _split_factory_result(result: object, spec: str) -> tuple[nn.Module, tuple | None, dict]:

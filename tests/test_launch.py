@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
 from explorer.cli import main
 from explorer.errors import UserError
+from explorer.models import build
 from remat_explorer.apps import launch
 
 
@@ -44,3 +46,21 @@ def test_the_page_gets_the_values_asked_for():
     assert launch.from_environment({})["batch_size"] == launch.DEFAULT_BATCH_SIZE
     with pytest.raises(UserError, match="whole number"):
         launch.from_environment({launch.ENV_BATCH_SIZE: "lots"})
+
+
+def test_the_page_finds_a_factory_module_where_the_app_was_started(monkeypatch, tmp_path):
+    # catches: the kernel, which runs in the notebook's folder, unable to import a factory
+    # module beside the user ("cannot import 'remat_app_factories'")
+    started, notebook = tmp_path / "started", tmp_path / "notebook"
+    started.mkdir()
+    notebook.mkdir()
+    (started / "remat_app_factories.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def mlp():\n    return nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)\n"
+    )
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(started))])
+    monkeypatch.chdir(notebook)
+    environ = launch.environment("remat_app_factories:mlp", 2, None, export_dir=started)
+    settings = launch.from_environment(environ)
+    built = build(settings["spec"], settings["batch_size"], settings["input_size"])
+    assert built.example_inputs[0].shape == (2, 4)
