@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from explorer.errors import UserError
-from explorer.models import importable_from
 
 NOTEBOOK = Path(__file__).with_name("dashboard.ipynb")
 HOST = "127.0.0.1"
@@ -77,6 +76,8 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     the model's SPEC is looked for (`--model mymodels:make` beside `mymodels.py`): the
     kernel runs in the notebook's own folder."""
     if environ.get(ENV_EXPORT_DIR):
+        from explorer.models import importable_from  # torch: the kernel's, not the launcher's
+
         importable_from(str(Path(environ[ENV_EXPORT_DIR]).resolve()))
     model, batch_size, input_size = resolve(
         environ.get(ENV_MODEL) or None,
