@@ -264,8 +264,12 @@ def _importable_from_here() -> None:
     """Let the current folder's modules be imported: a console script's import path starts at
     its own folder, not where it runs, so `remat-explorer sweep --model mymodels:make` beside
     `mymodels.py` answered "No module named 'mymodels'"."""
+    try:
+        here = os.getcwd()
+    except FileNotFoundError:  # the folder was deleted under this process: nothing to find
+        return
     if "" not in sys.path:
-        importable_from(os.getcwd())
+        importable_from(here)
 
 
 def importable_from(folder: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -220,3 +222,15 @@ def test_same_seed_same_model_and_inputs(spec: str, size: int | None) -> None:
     assert len(first.example_inputs) == len(second.example_inputs) == 1
     assert torch.equal(first.example_inputs[0], second.example_inputs[0])
     assert not torch.equal(first.example_inputs[0], other.example_inputs[0])
+
+
+def test_a_factory_spec_builds_in_a_process_whose_folder_was_deleted(monkeypatch, tmp_path):
+    # catches: os.getcwd()'s FileNotFoundError (looking for the factory's module beside the
+    # user) escaping from every factory build of such a process
+    def gone() -> str:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(os, "getcwd", gone)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != ""])
+    with pytest.raises(UserError, match="cannot import"):
+        build("no_such_module_xyz:make", 2)
