@@ -235,7 +235,7 @@ def capture(
     _attach_eager_code(captured, [*outputs, *losses], known)
     unreached = unreached_parameters(model, [*outputs, *losses])
     state = [t for graph in captured for t in graph.state_tensors()]
-    outside = parameters_outside_graphs(model, state, [*outputs, *losses])
+    outside = parameters_outside_graphs(model, state, unreached)
     _warn_of_parameters_outside_graphs(outside, model)
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed

@@ -144,20 +144,19 @@ def unreached_parameters(model: torch.nn.Module, outputs: list[torch.Tensor]) ->
 
 
 def parameters_outside_graphs(
-    model: torch.nn.Module, graph_tensors: list[torch.Tensor], outputs: list[torch.Tensor]
+    model: torch.nn.Module, graph_tensors: list[torch.Tensor], unreached: list[torch.Tensor]
 ) -> list[str]:
-    """The names of the model's parameters that ask for a gradient and that the autograd graph
-    behind `outputs` reaches, but that no graph reads (`graph_tensors`: what the graphs read):
-    eager code uses them, where no plan reaches. Dynamo runs a forward eagerly from a graph
-    break it cannot resume after to the forward's end (at an `nn.LSTM` or `nn.GRU`, which it
-    meets as an attribute, not a call), so the layers there keep what they save whole."""
-    _, _, leaves = _autograd_nodes(outputs)
-    reached = {storage_address(leaf) for leaf in leaves}
-    read = {storage_address(t) for t in graph_tensors}
+    """The names of the model's parameters that ask for a gradient and that the step's
+    autograd graph reaches (`unreached`: those it does not, `unreached_parameters`), but that
+    no graph reads (`graph_tensors`: what the graphs read): eager code uses them, where no plan
+    reaches. Dynamo runs a forward eagerly from a graph break it cannot resume after to the
+    forward's end (at an `nn.LSTM` or `nn.GRU`, which it meets as an attribute, not a call),
+    so the layers there keep what they save whole."""
+    elsewhere = {storage_address(t) for t in [*graph_tensors, *unreached]}
     return [
         name
         for name, p in model.named_parameters()
-        if p.requires_grad and storage_address(p) in reached and storage_address(p) not in read
+        if p.requires_grad and storage_address(p) not in elsewhere
     ]
 
 
