@@ -79,10 +79,10 @@ class InputValues:
         for tensor in tensors_in(inputs):
             if tensor.layout != torch.strided or tensor.device.type == "meta" or not tensor.numel():
                 continue
-            storage = tensor.untyped_storage()
+            storage, address = tensor.untyped_storage(), storage_address(tensor)
             start, end = _byte_span(tensor)
-            _, first, last = spans.get(storage.data_ptr(), (storage, start, end))
-            spans[storage.data_ptr()] = (storage, min(first, start), max(last, end))
+            _, first, last = spans.get(address, (storage, start, end))
+            spans[address] = (storage, min(first, start), max(last, end))
         self._saved = [
             (storage, start, _on_host(_bytes(storage)[start:end]))
             for storage, start, end in spans.values()
