@@ -34,10 +34,9 @@ from typing import NamedTuple, TypeVar
 import torch
 import torchvision
 from torch import nn
-from torch.nn.parameter import is_lazy
 
 from explorer.errors import UserError, first_line, message_line
-from explorer.modelstate import as_trained
+from explorer.modelstate import BufferValues, as_trained
 from explorer.units import format_bytes
 from sample_models import SAMPLE_MODELS
 
@@ -388,17 +387,14 @@ def _probe(
     here, not deep inside capture. Train mode, so BatchNorm's batch-of-one check applies;
     the RNG state and the buffers are put back, leaving the model as built (lazy modules are
     materialized, and a lazy buffer keeps what the probe wrote into it)."""
-    saved = {name: buf.detach().clone() for name, buf in model.named_buffers() if not is_lazy(buf)}
+    saved = BufferValues(model)
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(dev)):
             model(*(x[:2] for x in inputs))
     except (RuntimeError, ValueError, AssertionError, IndexError) as err:
         return err
     finally:
-        with torch.no_grad():
-            for name, buf in model.named_buffers():
-                if name in saved:
-                    buf.copy_(saved[name])
+        saved.restore()
     return None
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.utils._pytree import tree_leaves
 
 try:
@@ -37,7 +38,7 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
     """Restore the model's state on exit (see the module docstring). `seed`: seed the
     generators it puts back (CPU, and the CUDA devices in use) on entry, as
     `torch.manual_seed` does for the step verify runs."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    buffers = BufferValues(model)
     values = InputValues(inputs)
     grads = [(t, t.grad) for t in grad_holders(model, inputs)]
     modes = [(m, m.training) for m in model.modules()]
@@ -56,14 +57,41 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
             if numpy is not None:
                 numpy.random.set_state(numpy_state)
             random.setstate(python_state)
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
+            buffers.restore()
             values.restore()
             for tensor, grad in grads:
                 tensor.grad = grad
             for module, training in modes:
                 module.training = training
+
+
+class BufferValues:
+    """Each module's buffers as they were: the tensor under each name and a copy of its
+    value. A forward may assign another tensor to a buffer's name (`self.calls = self.calls
+    + 1`), or change a buffer's shape (the observers of quantization-aware training start
+    with empty `min_val` and `max_val` and `resize_` them at their first call); both are put
+    back. A buffer whose shape changed gets its copy in its place, so that the tensor the
+    forward resized stays as the graphs captured it. Lazy buffers keep what a forward made
+    them (materialized)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._names = [
+            (module, name, buffer)
+            for module in model.modules()
+            for name, buffer in module._buffers.items()
+            if buffer is not None and not is_lazy(buffer)
+        ]
+        self._values = {id(buffer): buffer.detach().clone() for _, _, buffer in self._names}
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for module, name, buffer in self._names:
+                value = self._values[id(buffer)]
+                if buffer.shape == value.shape:
+                    buffer.copy_(value)  # in place: a buffer shared by two modules stays so
+                    module._buffers[name] = buffer
+                else:
+                    module._buffers[name] = value
 
 
 class InputValues:

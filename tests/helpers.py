@@ -209,3 +209,25 @@ class RecurrentInTheMiddle(nn.Module):
         h = self.embed(x)
         h = self.rnn(h) if isinstance(self.rnn, LayerOfItsOwn) else self.rnn(h)[0]
         return self.head(h)
+
+
+class RangeObserved(nn.Module):
+    """Keeps the per-channel least value of its features as quantization-aware training's
+    observers keep their ranges (an empty buffer `resize_`d at the first call), and counts
+    its calls in a buffer it assigns anew at each (`self.calls = self.calls + 1`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 2)
+        self.register_buffer("low", torch.tensor([]))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        with torch.no_grad():
+            low = h.amin(dim=(0, 2, 3))
+            self.low.resize_(low.shape)
+            self.low.copy_(low)
+        self.calls = self.calls + 1
+        return self.head(h.mean(dim=(2, 3)))

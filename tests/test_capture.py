@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import Passes, RecurrentInTheMiddle
+from helpers import Passes, RangeObserved, RecurrentInTheMiddle
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -196,6 +196,23 @@ class _Constants(nn.Module):
 def test_constants_and_in_place_writes_in_the_forward():
     (captured,) = capture(_Constants().train(), (torch.randn(2, 8),))
     assert any(n.phase == BACKWARD for n in captured.graph.nodes)
+
+
+def test_buffers_a_forward_resizes_or_assigns_anew_are_put_back_after_planning():
+    # a QAT-prepared model (torch.ao.quantization.prepare_qat) stopped planning with an
+    # internal error ("The size of tensor a (8) must match the size of tensor b (0)"): its
+    # observers' empty ranges, resized by the capture's forward, could not take their old
+    # values back; and a buffer assigned anew kept the capture's count. catches: buffers put
+    # back by copying into the tensors they were, or into the tensors the names hold now
+    model, x = RangeObserved(), torch.randn(2, 3, 8, 8)
+    calls = model.calls
+    plan = explorer.Planner(model, (x,))
+    front = plan.sweep(points=3)
+    assert model.low.shape == (0,)
+    assert model.calls is calls and int(calls) == 0
+    report = front.points[0].schedule.verify()
+    assert report.ok, report.format_table()
+    assert model.low.shape == (0,) and model.calls is calls and int(calls) == 0
 
 
 class _JitteredInput(nn.Module):

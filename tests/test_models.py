@@ -151,6 +151,20 @@ def raises():
 
 def exits():
     raise SystemExit(0)
+
+class Observed(nn.Module):  # an empty buffer the forward resizes, as QAT's observers do
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3)
+        self.register_buffer("low", torch.tensor([]))
+
+    def forward(self, x):
+        h = self.conv(x)
+        self.low.resize_(2).copy_(h.detach().amin(dim=(0, 2, 3)))
+        return h
+
+def observed():
+    return Observed()
 """
 
 
@@ -172,6 +186,13 @@ def test_factory_spec_infers_image_input(factory_module: str) -> None:
 def test_factory_input_too_small(factory_module: str) -> None:
     with pytest.raises(UserError, match="input size 2 does not work .* try a larger"):
         build(f"{factory_module}:plain", 2, 2)
+
+
+def test_a_buffer_the_forward_resizes_is_put_back_after_the_size_probe(factory_module: str):
+    # catches: the probe copying the buffer's old value into the resized buffer (an internal
+    # error, "The size of tensor a (2) must match the size of tensor b (0)")
+    built = build(f"{factory_module}:observed", 2, 12)
+    assert built.model.low.shape == (0,)
 
 
 def test_factory_spec_with_own_inputs(factory_module: str) -> None:

@@ -231,3 +231,27 @@ def test_gradients_an_unplanned_step_starts_with_are_warned_about_once(cnn, recw
         train_step(wrapped, plan.example_inputs, seed=step)
     warned = [str(w.message) for w in recwarn if issubclass(w.category, RematWarning)]
     assert len(warned) == 1 and "gradients_held=True" in warned[0], warned
+
+
+def test_a_model_prepared_for_quantization_aware_training_is_planned_and_left_as_it_was():
+    # prepare_qat's observers start with empty per-channel ranges that their first call
+    # resizes: planning stopped with an internal error while putting the buffers back ("The
+    # size of tensor a (8) must match the size of tensor b (0)"). Dynamo skips the fake
+    # quantizers' forward by design, so their layers run eagerly: the capture names them
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(8, 10),
+    )  # fmt: skip
+    model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+    torch.ao.quantization.prepare_qat(model.train(), inplace=True)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    plan = explorer.Planner(model, (torch.randn(4, 3, 16, 16),))
+    with pytest.warns(RematWarning, match="used by code that torch.compile runs eagerly"):
+        front = plan.sweep(points=3)
+    assert "0.weight" in plan.outside_graphs()
+    after = model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    report = front.points[0].schedule.verify()
+    assert report.ok, report.format_table()
