@@ -5,8 +5,8 @@ steps; neither may change what the user trains. `kept` puts back, on exit, the b
 (BatchNorm running statistics and counters), the gradients of the parameters and of leaf
 inputs, every module's train/eval flag, the random generators' states (torch's CPU one and
 those of the CUDA devices in use, NumPy's and Python's global ones), and the values of the
-inputs, which a forward may write into (`InputValues`).
-Parameters are not copied: a forward and a backward read them but do not write them.
+inputs and of the parameters, which a forward may write into (`InputValues`,
+`ParameterValues`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
     generators it puts back (CPU, and the CUDA devices in use) on entry, as
     `torch.manual_seed` does for the step verify runs."""
     buffers = BufferValues(model)
+    parameters = ParameterValues(model)
     values = InputValues(inputs)
     grads = [(t, t.grad) for t in grad_holders(model, inputs)]
     modes = [(m, m.training) for m in model.modules()]
@@ -58,6 +59,7 @@ def kept(model: nn.Module, inputs: Any, seed: int | None = None) -> Iterator[Non
                 numpy.random.set_state(numpy_state)
             random.setstate(python_state)
             buffers.restore()
+            parameters.restore()
             values.restore()
             for tensor, grad in grads:
                 tensor.grad = grad
@@ -92,6 +94,27 @@ class BufferValues:
                     module._buffers[name] = buffer
                 else:
                     module._buffers[name] = value
+
+
+class ParameterValues:
+    """The parameters' values as they were (copies on the host), put back into those a run
+    wrote into, as their version counters tell. A forward may write into a parameter:
+    `nn.Embedding(max_norm=...)` renormalizes the rows it looks up in place, so planning's
+    runs left the user's embedding renormalized at the example's rows (and a tied output
+    layer reading every row at the next step read them so)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._saved = [
+            (parameter, parameter._version, _on_host(parameter.detach()))
+            for parameter in model.parameters()
+            if parameter.device.type != "meta"
+        ]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for parameter, version, value in self._saved:
+                if parameter._version != version:
+                    parameter.copy_(value)
 
 
 class InputValues:

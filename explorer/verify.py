@@ -85,6 +85,8 @@ ATOL_SCALE = 1e-5
 FLOAT64_MULTIPLIER = 2.0  # PyTorch's accuracy checks of compiled models allow the same
 PEAK_TOLERANCE = 0.03
 WRITTEN = "inputs written in place"  # the check of what a forward wrote into its inputs
+# and into the parameters (nn.Embedding(max_norm=...) renormalizes the rows it looks up)
+PARAMETERS_WRITTEN = "parameters written in place"
 TIMED_STEPS = 3
 # the note on a failed row when the two steps, from one seed, left the generators in other
 # states (explorer.capture warns of it when planning)
@@ -376,6 +378,7 @@ def verify(
         )  # fmt: skip
         static += tensor_bytes([p.grad for p in candidate.parameters() if p.grad is not None])
 
+    versions = _versions(reference), _versions(candidate)
     with _deterministic(dev):
         with step_autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
             ref_out = training_step(reference, ref_args, seed, ref_kwargs, loss=loss)
@@ -411,6 +414,11 @@ def verify(
     if ref_written or new_written:  # a side that wrote nothing holds the inputs as they were
         unwritten = [t.detach().clone() for t in tensors_in((args, kwargs))]
         checks[WRITTEN] = _paired(ref_written or unwritten, new_written or unwritten)
+    if versions != (_versions(reference), _versions(candidate)):
+        checks[PARAMETERS_WRITTEN] = _paired(
+            [p.detach() for p in reference.parameters()],
+            [p.detach() for p in candidate.parameters()],
+        )
     checks = {name: pairs for name, pairs in checks.items() if pairs or name == "outputs"}
     rows = {name: compare(name, pairs, precision=autocast) for name, pairs in checks.items()}
     if not all(r.ok for r in rows.values()):
@@ -559,6 +567,7 @@ def _float64_step(
         "input gradients": [inputs[k].grad for k in needs_grad],
         "buffers (BatchNorm statistics)": list(model.buffers()),
         WRITTEN: [t.detach() for t in inputs],
+        PARAMETERS_WRITTEN: [p.detach() for p in model.parameters()],
     }
 
 
@@ -587,6 +596,11 @@ def _cuda_peaks(
         peaks.append(meter)
     ref, new = peaks
     return ref.peak_bytes, new.peak_bytes, new.peak_allocated_bytes, new.peak_reserved_bytes
+
+
+def _versions(model: nn.Module) -> list[int]:
+    """The parameters' version counters, which every write into them advances."""
+    return [p._version for p in model.parameters()]
 
 
 def _paired(first, second) -> list:

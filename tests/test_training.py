@@ -255,3 +255,40 @@ def test_a_model_prepared_for_quantization_aware_training_is_planned_and_left_as
     assert all(torch.equal(before[name], after[name]) for name in before)
     report = front.points[0].schedule.verify()
     assert report.ok, report.format_table()
+
+
+class _RenormedTiedEmbedding(nn.Module):
+    """`nn.Embedding(max_norm=1)`, whose forward renormalizes the rows it looks up in place,
+    tied to the output layer, which reads every row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 32, max_norm=1.0)
+        self.mix = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return (h + self.mix(h)) @ self.embed.weight.t()
+
+
+def test_a_forward_that_writes_into_a_parameter_leaves_it_as_it_was_after_planning(tmp_path):
+    # catches: planning's runs (capture, profile, peers) leaving the embedding renormalized
+    # at the example's rows, so that the user's first step read other logits than it would
+    # have without planning
+    torch.manual_seed(0)
+    model, ids = _RenormedTiedEmbedding(), torch.randint(0, 50, (4, 12))
+    before = model.embed.weight.detach().clone()
+    plan = explorer.Planner(model, (ids,))
+    front = plan.sweep(points=3)
+    assert torch.equal(model.embed.weight, before)
+    schedule = import_schedule(front.points[0].schedule.export(tmp_path / "renormed.py"))
+    reference, wrapped = copy.deepcopy(model), schedule.wrap(copy.deepcopy(model))
+    for trained in (reference, wrapped):
+        opt = torch.optim.SGD(trained.parameters(), lr=0.1)
+        for step in range(3):
+            opt.zero_grad()
+            trained(
+                torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(step))
+            ).logsumexp(-1).mean().backward()
+            opt.step()
+    assert _same_state(reference, wrapped.model)

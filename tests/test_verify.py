@@ -408,3 +408,35 @@ def test_what_a_forward_writes_into_its_input_is_compared(tmp_path):
     rows = {r.quantity: r for r in report.rows}
     assert rows["outputs"].ok and rows["parameter gradients"].ok, report.format_table()
     assert not rows["inputs written in place"].ok and not report.ok
+
+
+class _WritesItsEmbedding(nn.Module):
+    """Renormalizes the embedding rows it looks up (`nn.Embedding(max_norm=1)`); when
+    `compiled_writes_other`, under torch.compile it also scales a row it never looks up."""
+
+    def __init__(self, compiled_writes_other: bool = False) -> None:
+        super().__init__()
+        self.compiled_writes_other = compiled_writes_other
+        self.embed = nn.Embedding(40, 16, max_norm=1.0)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        if self.compiled_writes_other and torch.compiler.is_compiling():
+            with torch.no_grad():
+                self.embed.weight[-1] *= 0.5
+        return self.head(torch.tanh(h))
+
+
+@pytest.mark.parametrize("writes_other", [False, True])
+def test_what_a_forward_writes_into_its_parameters_is_compared(tmp_path, writes_other):
+    # catches: a wrapped model that leaves other values in the parameters than the model
+    # does passing verify (its outputs and gradients may be the same)
+    torch.manual_seed(0)
+    model, ids = _WritesItsEmbedding(writes_other), torch.randint(0, 30, (4, 8))
+    path = explorer.Planner(model, (ids,)).baseline().export(tmp_path / "renorm.py")
+    report = explorer.verify(path, model=model, example_inputs=(ids,))
+    rows = {r.quantity: r for r in report.rows}
+    assert rows["outputs"].ok and rows["parameter gradients"].ok, report.format_table()
+    assert rows["parameters written in place"].ok is not writes_other, report.format_table()
+    assert report.ok is not writes_other
