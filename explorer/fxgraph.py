@@ -12,9 +12,11 @@ primal (None where a primal gets none). Train-mode BatchNorm is
 `_native_batch_norm_legit_functional`, whose new running statistics are written back by `copy_`
 nodes that the joint graph tags `must_be_in_forward`: they become EFFECT nodes, which run once in
 the forward and are never recomputed. An operator that reads a graph input which such a copy_
-overwrites (spectral_norm's power iteration reads the `u` it updates) is pinned: recomputed in the
-backward it would read the new value. BatchNorm's own outputs do not depend on the running
-statistics it reads in training, so it stays recomputable.
+overwrites (spectral_norm's power iteration reads the `u` it updates), or a view of it, is pinned:
+recomputed in the backward it would read the new value. So is one reading a graph input that
+`shallow_copy_data_` gives new memory (`p.data = ...`), whose old values would be gone.
+BatchNorm's own outputs do not depend on the running statistics it reads in training, so it
+stays recomputable.
 
 Bytes are counted on the step's device only (the device of its first tensor input not on the
 CPU, else the CPU): a CPU tensor in a CUDA step, such as a CUDA generator's saved state, takes
@@ -135,7 +137,11 @@ def _untagged_forward(nodes: list[Node], forward_outputs: list[fx.Node]) -> None
 
 
 def _pin(nodes: list[Node]) -> None:
-    """Mark the forward operators that must never be recomputed (see module docstring)."""
+    """Mark the forward operators that must never be recomputed (see module docstring). A
+    view of an overwritten input sees what is written into it, so an operator reading the
+    view is pinned too: `x + W.t()[0]` before the forward updates `W` in place (its backward
+    saves nothing of W, so eager autograd has no version to check), recomputed, read the
+    new W, and its gradients were not the model's."""
     overwritten = {
         node.inputs[0][0] for node in nodes if node.phase == EFFECT and node.target in _COPIES
     }
@@ -144,9 +150,15 @@ def _pin(nodes: list[Node]) -> None:
             continue
         reads_overwritten = any(ref[0] in overwritten for ref in node.inputs)
         node.pinned = node.random or (reads_overwritten and node.target not in _STATS_READERS)
+        views = [meta.alias_of for meta in node.outputs if meta is not None]
+        if any(k is not None and node.inputs[k][0] in overwritten for k in views):
+            overwritten.add(node.name)
 
 
-_COPIES = {"aten.copy_.default"}
+# writes into a graph input: `copy_` of its new value (a buffer updated in place), and
+# `shallow_copy_data_`, which gives the input the new value's memory (`p.data = ...`, as
+# MoCo moves its key encoder)
+_COPIES = {"aten.copy_.default", "aten.shallow_copy_data_.default"}
 # functional writes into a view, whose kernels copy the view's whole storage (ATen's
 # clone_preserve_strides) and return the view of that copy: `aten.copy` (functionalization's
 # form of `x[:, 1:] = y`) and the scatters of in-place writes into a slice, a selected row, a

@@ -1189,3 +1189,58 @@ def test_a_model_called_twice_before_one_backward_is_warned_about_once():
         warnings.simplefilter("error", RematWarning)  # said once
         wrapped.zero_grad(set_to_none=True)
         (wrapped(x) - wrapped(other)).square().sum().backward()
+
+
+class _WritesWhatItRead(nn.Module):
+    """Reads a view of a buffer, then writes the buffer in place, after its use (an EMA kept
+    in the forward): `x + W.t()[0]`'s backward saves nothing of W, so eager autograd has no
+    version to check. Or, `data_moved`, moves a frozen copy of a layer towards the layer
+    (`p.data = ...`, as MoCo moves its key encoder) and then reads it, in one graph: the new
+    values are made from the old, which the input has no longer."""
+
+    def __init__(self, data_moved: bool) -> None:
+        super().__init__()
+        self.data_moved = data_moved
+        self.layer = nn.Linear(32, 32)
+        self.frozen = nn.Linear(32, 32).requires_grad_(False)
+        self.register_buffer("W", torch.randn(32, 32) * 0.2)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.layer(x))
+        if self.data_moved:
+            with torch.no_grad():
+                for layer, frozen in zip(
+                    self.layer.parameters(), self.frozen.parameters(), strict=True
+                ):
+                    frozen.data = frozen.data * 0.5 + layer.data * 0.5
+            g = torch.tanh(self.frozen(h))
+        else:
+            g = torch.tanh(h * 2 + self.W.t()[0])
+            with torch.no_grad():
+                self.W.mul_(0.5).add_(1.0)
+        return self.head(g * h)
+
+
+@pytest.mark.parametrize("data_moved", [False, True], ids=["view of a buffer", "p.data ="])
+def test_what_reads_an_input_the_forward_overwrites_is_never_recomputed(data_moved):
+    # a schedule that recomputes all it may: the view's reader (or the frozen layer's new
+    # values, made from the old) recomputed in the backward read what the forward wrote, and
+    # the gradients were not the model's. catches: pinning only the direct readers of an
+    # input the forward overwrites, and only of one it overwrites by `copy_`
+    torch.manual_seed(0)
+    model, x = _WritesWhatItRead(data_moved), torch.randn(8, 32)
+    plan = explorer.Planner(model, (x,))
+    (graph,) = plan.capture()
+    schedule = Schedule([schedule_from_saved(graph, set())])
+    assert schedule.recomputed_ops()
+    reference = copy.deepcopy(model)
+    wrapped = wrap_with_schedule(copy.deepcopy(model), plan.made_for(), schedule.to_dict())
+    for trained in (reference, wrapped):
+        training_step(trained, (x,), 0)
+    assert [p.how for p in wrapped.plans] == [EXACT]
+    for a, b in zip(reference.parameters(), wrapped.model.parameters(), strict=True):
+        assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)
+    assert all(
+        torch.equal(a, b) for a, b in zip(reference.buffers(), wrapped.model.buffers(), strict=True)
+    )
