@@ -7,7 +7,11 @@ boxes' features (51 MB) while two graphs run. Autograd's graph shows what eager 
 (explorer.eager); what its frames merely hold is read here, at each graph run's start, by
 walking the Python stack from that run up to the capture, through the frames of the model's
 code (not PyTorch's machinery below torch.nn, nor this package's) and the containers and plain
-objects in their locals.
+objects in their locals. The parameters and buffers of the modules they hold are the model's
+state, counted for the whole step, whatever memory they have then: a forward that gives them
+new memory (MoCo's `p.data = ...` moving its key encoder, `self.calls = self.calls + 1`)
+frees the old, which had been counted as frames' memory (the whole key encoder, over the
+measured peak).
 """
 
 from __future__ import annotations
@@ -46,12 +50,14 @@ class Held:
 def held_by_frames(stop: CodeType) -> list[Held]:
     """The storages the model's frames hold now, each once, up to the frame running `stop`."""
     found: dict[int, Held] = {}
+    state: set[int] = set()
     frame: FrameType | None = sys._getframe(1)
     with warnings.catch_warnings():  # a deprecated object a frame reaches warns when looked
         # at (torch.distributed.reduce_op, from T5's step): not the user's news
         warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))
         while frame is not None and frame.f_code is not stop:
             if _is_model_code(frame.f_code.co_filename):
+                state |= _state_of(frame.f_locals.values())
                 for tensor in reachable_tensors(list(frame.f_locals.values()), DEPTH):
                     if tensor.device.type == "meta":
                         continue
@@ -61,7 +67,18 @@ def held_by_frames(stop: CodeType) -> list[Held]:
                         continue
                     found.setdefault(held.address, held)
             frame = frame.f_back
-    return list(found.values())
+    return [held for address, held in found.items() if address not in state]
+
+
+def _state_of(values) -> set[int]:
+    """The storages of the parameters and buffers of the modules among `values`."""
+    modules = [value for value in values if isinstance(value, nn.Module)]
+    return {
+        storage_address(t)
+        for module in modules
+        for t in (*module.parameters(), *module.buffers())
+        if t.device.type != "meta"
+    }
 
 
 def _is_model_code(filename: str) -> bool:

@@ -63,8 +63,11 @@ class LiveBytesTracker:
     """Context manager: live and peak tensor bytes allocated inside the block.
 
     ``current_bytes`` and ``peak_bytes`` are relative to entry: tensors that existed before
-    ``__enter__`` are not counted, and freeing them does not lower the count. After
-    ``__exit__`` both numbers stay as they were at exit.
+    ``__enter__`` are not counted, and freeing them does not lower the count, but for the
+    storages of ``held`` (CPU): the model's parameters and buffers, counted beside the
+    block's bytes, whose release inside it lowers the count (a forward that gives its
+    parameters new memory, `p.data = ...`, as MoCo moves its key encoder, frees the old).
+    After ``__exit__`` both numbers stay as they were at exit.
 
     CPU (``device="cpu"``): every operator's output storages that are new (not an input's
     storage, so views and in-place results do not count twice) are counted at their full
@@ -91,11 +94,14 @@ class LiveBytesTracker:
         self,
         device: str | torch.device = "cpu",
         after_op: Callable[[str, int], None] | None = None,
+        held: Iterable[torch.Tensor] = (),
     ) -> None:
         """`after_op` (CPU only): called after every operator with its name (`aten.mm.default`)
-        and the live bytes then, to find where a prediction and the run part ways."""
+        and the live bytes then, to find where a prediction and the run part ways. `held`:
+        tensors alive before entry whose release inside the block lowers the count."""
         self.device = torch.device(device)
         self._after_op = after_op
+        self._held = {id(t.untyped_storage()): t.untyped_storage() for t in held}
         self._lock = threading.RLock()
         self._live: dict[int, tuple[int, weakref.finalize]] = {}
         self._mode: _NewStorageMode | None = None
@@ -122,6 +128,11 @@ class LiveBytesTracker:
             self._allocated_base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
+            for key, storage in self._held.items():
+                if storage.device == self.device and storage.nbytes():
+                    release = weakref.finalize(storage, self._remove, key)
+                    self._live[key] = (storage.nbytes(), release)
+            self._held.clear()  # the finalizers alone may keep track of them
             self._mode = _NewStorageMode(self._record_outputs)
             self._mode.__enter__()
         return self

@@ -98,22 +98,35 @@ class BufferValues:
 
 class ParameterValues:
     """The parameters' values as they were (copies on the host), put back into those a run
-    wrote into, as their version counters tell. A forward may write into a parameter:
-    `nn.Embedding(max_norm=...)` renormalizes the rows it looks up in place, so planning's
-    runs left the user's embedding renormalized at the example's rows (and a tied output
-    layer reading every row at the next step read them so)."""
+    wrote into (their version counter moved) or gave other memory (`p.data = ...`, which
+    moves no counter). A forward may do either: `nn.Embedding(max_norm=...)` renormalizes
+    the rows it looks up in place, and MoCo moves its key encoder towards its query encoder
+    in the forward. Planning's runs left the user's model so (the embedding renormalized at
+    the example's rows, the key encoder a few steps on)."""
 
     def __init__(self, model: nn.Module) -> None:
+        # each storage is held, so no other can take its address while this is alive
         self._saved = [
-            (parameter, parameter._version, _on_host(parameter.detach()))
+            (
+                parameter,
+                parameter._version,
+                parameter.untyped_storage(),
+                _on_host(parameter.detach()),
+            )
             for parameter in model.parameters()
             if parameter.device.type != "meta"
         ]
 
     def restore(self) -> None:
+        """Values are copied into the memory a parameter has now (the memory the step's
+        graphs read, which their captures identify it by); only one whose shape changed gets
+        its old tensor's place back."""
         with torch.no_grad():
-            for parameter, version, value in self._saved:
-                if parameter._version != version:
+            for parameter, version, storage, value in self._saved:
+                moved = parameter.untyped_storage().data_ptr() != storage.data_ptr()
+                if parameter.shape != value.shape:
+                    parameter.data = value.to(parameter.device)
+                elif moved or parameter._version != version:
                     parameter.copy_(value)
 
 

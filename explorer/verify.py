@@ -380,14 +380,17 @@ def verify(
 
     versions = _versions(reference), _versions(candidate)
     with _deterministic(dev):
-        with step_autocast(dev, autocast), LiveBytesTracker(dev) as ref_meter:
+        with (
+            step_autocast(dev, autocast),
+            LiveBytesTracker(dev, held=_state(reference)) as ref_meter,
+        ):
             ref_out = training_step(reference, ref_args, seed, ref_kwargs, loss=loss)
         ref_written = _written(values, (ref_args, ref_kwargs))
         ref_draws = generator_states(reference, (args, kwargs))
         with (
             step_autocast(dev, autocast),
             _explained(path, schedule),
-            LiveBytesTracker(dev) as new_meter,
+            LiveBytesTracker(dev, held=_state(candidate)) as new_meter,
         ):
             new_out = training_step(wrapped, new_args, seed, new_kwargs, loss=loss)
         new_written = _written(values, (new_args, new_kwargs))
@@ -598,9 +601,16 @@ def _cuda_peaks(
     return ref.peak_bytes, new.peak_bytes, new.peak_allocated_bytes, new.peak_reserved_bytes
 
 
-def _versions(model: nn.Module) -> list[int]:
-    """The parameters' version counters, which every write into them advances."""
-    return [p._version for p in model.parameters()]
+def _state(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters and buffers, counted in every peak beside what a step allocates."""
+    return [*model.parameters(), *model.buffers()]
+
+
+def _versions(model: nn.Module) -> list[tuple[int, int]]:
+    """The parameters' version counters, which every write into them advances, and their
+    storages' addresses, which `p.data = ...` changes (a new storage is made while the old
+    one is still held)."""
+    return [(p._version, p.untyped_storage().data_ptr()) for p in model.parameters()]
 
 
 def _paired(first, second) -> list:

@@ -89,7 +89,7 @@ def live_bytes_by_operator(
         if _called_by_graph_code():
             ran.append((name, live))
 
-    with LiveBytesTracker(after_op=after_op):
+    with LiveBytesTracker(after_op=after_op, held=[*wrapped.parameters(), *wrapped.buffers()]):
         training_step(wrapped, inputs, 0, kwargs, loss=plan.loss)
     line = plan.timeline(schedule)
     graphs = plan.capture()
