@@ -4,8 +4,8 @@ This is the module an exported schedule imports; it needs only torch (and the pl
 modules next to it), never PuLP, numpy or torchvision.
 
 `wrap_with_schedule(model, made_for, schedule)` returns a `RematModule`. Its forward, when
-gradients are enabled, calls `torch.compile(model, backend=RematBackend(...), dynamic=False)`.
-Dynamo captures the model's graphs and guards them; AOTAutograd builds each graph's joint
+gradients are enabled, calls the model under `torch.compile` with a `RematBackend`: Dynamo
+captures the model's graphs and guards them; AOTAutograd builds each graph's joint
 forward+backward graph and hands it to our partition function, which applies the plan
 (explorer.partition). So everything PyTorch guards is guarded here too: a new input shape,
 dtype or stride, an input that requires grad, a layer frozen or unfrozen, BatchNorm switched
@@ -19,6 +19,17 @@ the new graph gets a plan:
   needs a gradient): the plan's saved set carried over by node name, every other value
   recomputed just before its first use (explorer.program.schedule_from_saved), simulated, and a
   warning, once, if that exceeds the budget. Always correct; the budget is what may suffer.
+
+Inputs of the plan's sizes (`input_signature`, recorded in `made_for`) run under a compile at
+fixed sizes, so they get the graphs the plan was made for. Other sizes run under a compile that
+lets Dynamo mark a dimension dynamic once its size has changed ("automatic dynamic"): the first
+other size is captured at its sizes, the next one once more for any size of that dimension
+(explorer.symsizes), and that graph serves every later size, so that text batches padded to
+their longest sequence cost two captures, not one per length up to Dynamo's recompile limit.
+Such a graph takes the schedule of the graph at fixed sizes it matches: node by node where
+their layouts agree (Graph.layout), else the saved values of the operators that align (for any
+size Dynamo keeps slices that at one size vanish). Its peak is simulated again at each new size
+a run brings (GraphPlan.peaks_at) and checked against the budget, with a warning, once.
 
 A plan counts how many times the step runs each graph (Dynamo reuses one graph for every pass
 of a loop it split the model inside; every run follows the graph's one schedule): a forward that
@@ -51,21 +62,23 @@ Contract, for users of the wrapped module:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import gc
 import types
 import warnings
 import weakref
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx, nn
 from torch._dynamo.backends.common import aot_autograd
+from torch.utils._pytree import tree_flatten
 
 from explorer.errors import RematWarning
-from explorer.fxgraph import describe
+from explorer.fxgraph import describe_with_sizes
 from explorer.graph import FORWARD, Graph, ValueRef
 from explorer.modelstate import storage_address
 from explorer.partition import partition
@@ -78,9 +91,18 @@ from explorer.program import (
 from explorer.rewrite import compact_dropout, fuse_kept_dropouts
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import simulate
+from explorer.symsizes import Sizes, at_sizes, binding_sources, sizes_in
 from explorer.units import format_bytes
 
 EXACT, RESIZED, MAPPED = "exact", "same structure, other sizes", "carried over"
+RECOMPILE_LIMIT = (
+    "torch.compile has captured this model again 64 times (Dynamo's recompile limit): every "
+    "input size, dtype or setting its forward meets for the first time is captured again, "
+    "and an input dimension whose size changes once is captured for any size, unless the "
+    "forward's Python turns that size into a fixed choice; TORCH_LOGS=recompiles shows what "
+    "made each capture. Bring the inputs to a few sizes (pad text batches to a multiple of "
+    "a length), or keep what the forward reads fixed"
+)
 
 
 class RematError(RuntimeError):
@@ -89,13 +111,19 @@ class RematError(RuntimeError):
 
 @dataclass
 class GraphPlan:
-    """What the backend did with one captured graph."""
+    """What the backend did with one captured graph. A graph captured for any size of some
+    input dimension (`symbolic`) predicts the peak of the sizes it was captured at; each
+    other size is checked against the budget when a step first runs it."""
 
     fingerprint: str
     how: str  # EXACT, RESIZED or MAPPED
     predicted_peak_bytes: int
     budget_bytes: int | None
     recomputed: int
+    symbolic: bool = False
+    # a symbolic graph's predicted peak at each set of sizes its runs brought (the values of
+    # its symbolic dimensions, in the order its inputs hold them)
+    peaks_at: dict[tuple, int] = field(default_factory=dict)
 
     @property
     def over_budget(self) -> bool:
@@ -153,6 +181,11 @@ class RematBackend:
         self._forward_outputs: dict[int, int] = {}
         self._partitioned = 0  # graphs planned so far
         self._planned: int | None = None  # the graph just planned, until its forward compiles
+        # the graphs captured at fixed sizes, with their schedules: a graph captured later
+        # for any size takes the schedule of one of them (`_source_for`)
+        self._fixed: list[_Fixed] = []
+        # the graphs captured for any size, by number in compile order
+        self._symbolic: dict[int, _Symbolic] = {}
         self._compile = aot_autograd(
             fw_compiler=self._compile_forward,
             bw_compiler=self._compile_backward,
@@ -172,9 +205,14 @@ class RematBackend:
             return run
 
         outputs = self._forward_outputs[number]
+        symbolic = self._symbolic.get(number)
+        if symbolic is not None:
+            symbolic.sources = binding_sources(gm.graph.find_nodes(op="placeholder"))
 
         def counted(args: list) -> Any:
             self.runs[number] += 1
+            if symbolic is not None:
+                self._check_sizes(symbolic, sizes_in(args, symbolic.sources))
             # storages only: the run frees each input at its last use (`_boxed`)
             given = {storage_address(a) for a in args if _dense(a)}
             result = run(args)
@@ -229,28 +267,44 @@ class RematBackend:
         **_: Any,
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         compact_dropout(joint)
-        graph = describe(joint.graph, num_fwd_outputs, static_lifetime_input_indices)
-        schedule = self._schedule_for(joint, graph, num_fwd_outputs)
+        graph, sizes = describe_with_sizes(
+            joint.graph, num_fwd_outputs, static_lifetime_input_indices
+        )
         self._partitioned += 1
-        self._planned = self._partitioned
-        self.counted_runs[self._planned] = _runs_planned(self.schedules, graph)
-        self._forward_outputs[self._planned] = num_fwd_outputs
+        number = self._planned = self._partitioned
+        self.counted_runs[number] = _runs_planned(self.schedules, graph)
+        self._forward_outputs[number] = num_fwd_outputs
+        schedule = self._schedule_for(joint, graph, num_fwd_outputs, sizes)
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
         return forward, backward
 
     def _schedule_for(
-        self, _joint: fx.GraphModule, graph: Graph, _num_fwd_outputs: int
+        self, _joint: fx.GraphModule, graph: Graph, _num_fwd_outputs: int, sizes: Sizes
     ) -> GraphSchedule:
-        return self.choose(graph)
+        return self.choose(graph, sizes)
 
-    def choose(self, graph: Graph) -> GraphSchedule:
-        """The schedule for a newly captured graph (see the module docstring)."""
+    def choose(self, graph: Graph, sizes: Sizes | None = None) -> GraphSchedule:
+        """The schedule for a newly captured graph (see the module docstring). `sizes`: those
+        of a graph captured for any size of some dimension (explorer.symsizes), which takes
+        the schedule of a graph captured at fixed sizes (`_source_for`)."""
         fingerprint, structure = graph.fingerprint(), graph.structure()
         exact = next((s for s in self.schedules if s.fingerprint == fingerprint), None)
         if exact is not None:
             _check_fits(graph, exact)
-            return self._record(graph, exact, EXACT, exact.budget_bytes)
+            return self._record(graph, exact, EXACT, exact.budget_bytes, sizes)
+        source = self._source_for(graph) if sizes else None
+        if source is not None:
+            fixed, names, whole = source
+            if whole:  # node by node: the same schedule
+                schedule = _renamed(fixed.schedule, names, graph)
+                how = MAPPED if fixed.plan.how == MAPPED else RESIZED
+            else:
+                keep = {(names[name], k) for name, k in fixed.schedule.saved if name in names}
+                keep = {ref for ref in keep if ref[1] < len(graph.node(ref[0]).outputs)}
+                schedule, how = schedule_from_saved(graph, keep), MAPPED
+            _check_fits(graph, schedule)
+            return self._record(graph, schedule, how, fixed.plan.budget_bytes, sizes, fixed)
         same = next((s for s in self.schedules if s.structure == structure), None)
         if same is not None:
             _check_fits(graph, same)
@@ -261,30 +315,155 @@ class RematBackend:
                 recomputed=list(same.recomputed),
                 structure=structure,
             )
-            return self._record(graph, schedule, RESIZED, same.budget_bytes)
-        source = _closest(self.schedules, graph)
-        if source is None:
-            return self._record(graph, baseline_schedule(graph), MAPPED, None)
-        keep = _carried_saved(source, graph)
-        return self._record(graph, schedule_from_saved(graph, keep), MAPPED, source.budget_bytes)
+            return self._record(graph, schedule, RESIZED, same.budget_bytes, sizes)
+        closest = _closest(self.schedules, graph)
+        if closest is None:
+            return self._record(graph, baseline_schedule(graph), MAPPED, None, sizes)
+        keep = _carried_saved(closest, graph)
+        schedule = schedule_from_saved(graph, keep)
+        return self._record(graph, schedule, MAPPED, closest.budget_bytes, sizes)
+
+    def _source_for(self, graph: Graph) -> tuple[_Fixed, dict[str, str], bool] | None:
+        """For a graph captured for any size: the graph captured at fixed sizes whose schedule
+        it takes, the names its nodes have in `graph`, and whether that is every node. The
+        latest one of its layout (Graph.layout) maps node by node; else the one whose
+        operators align best maps the nodes that align, if most do: captured for any size,
+        Dynamo keeps slices that at one size select everything and vanish (GPT-2's)."""
+        for fixed in reversed(self._fixed):
+            if fixed.graph.layout() == graph.layout():
+                pairs = zip(fixed.graph.nodes, graph.nodes, strict=True)
+                return fixed, {a.name: b.name for a, b in pairs}, True
+        aligned = [(_aligned(fixed.graph, graph), fixed) for fixed in self._fixed]
+        names, fixed = max(aligned, key=lambda pair: len(pair[0]), default=({}, None))
+        if fixed is None or len(names) < ALIGNED_SHARE * len(graph.nodes):
+            return None
+        return fixed, names, False
 
     def _record(
-        self, graph: Graph, schedule: GraphSchedule, how: str, budget: int | None
+        self,
+        graph: Graph,
+        schedule: GraphSchedule,
+        how: str,
+        budget: int | None,
+        sizes: Sizes | None = None,
+        source: _Fixed | None = None,
     ) -> GraphSchedule:
+        """Note what the graph being planned got (`plans`), warn where its plan needs more
+        than its budget, and keep what later graphs read: a graph at fixed sizes as a source
+        for graphs captured for any size; such a graph (`sizes`) for the checks of its runs'
+        sizes, counted as many runs a step as the plan's graphs of its source's structure,
+        all of which it serves."""
         peak = simulate(graph, compile_program(graph, schedule)).peak_bytes
-        plan = GraphPlan(graph.fingerprint(), how, peak, budget, len(schedule.recomputed))
+        plan = GraphPlan(
+            graph.fingerprint(), how, peak, budget, len(schedule.recomputed), bool(sizes)
+        )
         self.plans.append(plan)
-        if plan.over_budget and how != EXACT and graph.structure() not in self._warned:
-            self._warned.add(graph.structure())
-            need, budget_text = _sizes(peak, budget)
-            warnings.warn(
-                f"remat-explorer: a graph captured again ({how}) needs {need} under the "
-                f"carried-over plan, more than its budget {budget_text}; plan this shape "
-                "or setting to get a schedule made for it",
-                RematWarning,
-                stacklevel=2,
-            )
+        number = self._partitioned
+        if sizes:
+            self._symbolic[number] = _Symbolic(graph, sizes, schedule, plan)
+            if source is not None:
+                structure = source.graph.structure()
+                planned = sum(s.structure == structure for s in self.schedules)
+                self.counted_runs[number] = planned or source.counted_runs
+        else:
+            self._fixed.append(_Fixed(graph, schedule, plan, self.counted_runs[number]))
+        if plan.over_budget and how != EXACT:
+            self._warn_over_budget(graph, f"a graph captured again ({how})", peak, budget)
         return schedule
+
+    def _warn_over_budget(self, graph: Graph, what: str, peak: int, budget: int | None) -> None:
+        """Once per graph structure: `what` (the graph) needs more than its budget."""
+        if graph.structure() in self._warned:
+            return
+        self._warned.add(graph.structure())
+        need, budget_text = _sizes(peak, budget)
+        warnings.warn(
+            f"remat-explorer: {what} needs {need} under the carried-over plan, more than its "
+            f"budget {budget_text}; plan this shape or setting to get a schedule made for it",
+            RematWarning,
+            stacklevel=3,
+        )
+
+    def _check_sizes(self, symbolic: _Symbolic, sizes: tuple) -> None:
+        """The first run of a graph captured for any size at sizes it has not run at: its
+        peak there, simulated (GraphPlan.peaks_at), against its budget (warned about once)."""
+        plan = symbolic.plan
+        if sizes in plan.peaks_at or sizes in symbolic.unknown:
+            return
+        binding = {s: v for (s, _, _), v in zip(symbolic.sources, sizes, strict=True)}
+        try:
+            graph = at_sizes(symbolic.graph, symbolic.sizes, binding)
+        except ValueError as exc:  # a size its inputs do not give (none is known)
+            symbolic.unknown.add(sizes)
+            what = f"a graph captured for any size ({plan.how}), run at sizes {list(sizes)}"
+            if symbolic.graph.structure() not in self._warned:
+                self._warned.add(symbolic.graph.structure())
+                warnings.warn(
+                    f"remat-explorer: the peak of {what} cannot be predicted ({exc}): it is "
+                    "not checked against the budget",
+                    RematWarning,
+                    stacklevel=3,
+                )
+            return
+        peak = simulate(graph, compile_program(graph, symbolic.schedule)).peak_bytes
+        plan.peaks_at[sizes] = peak
+        if plan.budget_bytes is not None and peak > plan.budget_bytes:
+            what = f"a graph captured for any size ({plan.how}), run at sizes {list(sizes)},"
+            self._warn_over_budget(symbolic.graph, what, peak, plan.budget_bytes)
+
+
+@dataclass
+class _Fixed:
+    """A graph captured at fixed sizes, its schedule, what it got and its runs a step."""
+
+    graph: Graph
+    schedule: GraphSchedule
+    plan: GraphPlan
+    counted_runs: int
+
+
+@dataclass
+class _Symbolic:
+    """A graph captured for any size of some dimension: its IR at the sizes it was captured
+    at, its values' sizes as expressions, its schedule, what it got, and where its runs find
+    each symbol (explorer.symsizes.binding_sources)."""
+
+    graph: Graph
+    sizes: Sizes
+    schedule: GraphSchedule
+    plan: GraphPlan
+    sources: list = field(default_factory=list)
+    unknown: set[tuple] = field(default_factory=set)  # sizes whose peak cannot be predicted
+
+
+# a graph for any size takes the schedule of a graph at fixed sizes whose operators align
+# with this share of its own at least (GPT-2's: 409 of 412)
+ALIGNED_SHARE = 0.9
+
+
+def _aligned(source: Graph, graph: Graph) -> dict[str, str]:
+    """The names in `graph` of the nodes of `source` that align with them: the longest
+    matching runs of operators (target, phase, role and outputs) in order."""
+    key = lambda n: (n.target, n.phase, n.role, len(n.outputs))  # noqa: E731
+    matcher = difflib.SequenceMatcher(
+        None, [key(n) for n in source.nodes], [key(n) for n in graph.nodes], autojunk=False
+    )
+    names: dict[str, str] = {}
+    for a, b, size in matcher.get_matching_blocks():
+        for k in range(size):
+            names[source.nodes[a + k].name] = graph.nodes[b + k].name
+    return names
+
+
+def _renamed(schedule: GraphSchedule, names: dict[str, str], graph: Graph) -> GraphSchedule:
+    """`schedule` with every node named as in `graph` (`names`: each node's name there)."""
+    return GraphSchedule(
+        graph.fingerprint(),
+        [(names[name], k) for name, k in schedule.saved],
+        [names[name] for name in schedule.backward],
+        recomputed=[names[name] for name in schedule.recomputed],
+        structure=graph.structure(),
+    )
 
 
 def _dense(value: Any) -> bool:
@@ -355,16 +534,19 @@ def _call(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return model(*args, **kwargs)
 
 
-def compile_call(backend: Any) -> Any:
+def compile_call(backend: Any, dynamic: bool | None = False) -> Any:
     """`torch.compile` of `model(*args, **kwargs)` with `backend`, on a code object of its own.
 
     Dynamo keeps its compiled entries (and counts them against its cache limit) per code
     object. Compiling the module itself would put every wrapped model of the process on
     nn.Module's one `__call__` code; a fresh copy of `_call`'s code per backend gives each
-    wrapped model its own cache, freed with it."""
-    code = _call.__code__.replace(co_name=f"remat_call_{id(backend):x}")
+    wrapped model its own cache, freed with it. `dynamic`: torch.compile's (False: every
+    capture at fixed sizes, as planning captures; None: a dimension whose size changes is
+    captured again for any size, as training runs)."""
+    suffix = "" if dynamic is False else "_any_size"
+    code = _call.__code__.replace(co_name=f"remat_call_{id(backend):x}{suffix}")
     function = types.FunctionType(code, _call.__globals__, code.co_name)
-    return torch.compile(function, backend=backend, dynamic=False)
+    return torch.compile(function, backend=backend, dynamic=dynamic)
 
 
 @contextlib.contextmanager
@@ -440,7 +622,12 @@ class RematModule(nn.Module):
         backend = RematBackend(plan.graphs, plan.budget_bytes)
         # plain attributes, outside nn.Module's registry of submodules and state
         object.__setattr__(self, "backend", backend)
+        # the inputs of the plan's sizes run the graphs the plan was made for; others run
+        # graphs Dynamo captures again for any size of a dimension that changes (a text
+        # batch padded to its longest sequence: one capture for every length, not one each)
         object.__setattr__(self, "_compiled", compile_call(backend))
+        object.__setattr__(self, "_compiled_any_size", compile_call(backend, dynamic=None))
+        object.__setattr__(self, "_planned_inputs", self.made_for.get("input_signature"))
         object.__setattr__(self, "_warned_runs", False)
         object.__setattr__(self, "_warned_grads", bool(self.made_for.get("gradients_held")))
         object.__setattr__(self, "_warned_held", False)
@@ -458,8 +645,15 @@ class RematModule(nn.Module):
             self._warn_of_held_gradients()
         if not self._warned_held:
             self._warn_of_held_activations()
+        planned = self._planned_inputs is None or input_signature(args, kwargs) == (
+            self._planned_inputs
+        )
+        call = self._compiled if planned else self._compiled_any_size
         with dynamo_settings(), collecting_compile_garbage():
-            result = self._compiled(self.model, *args, **kwargs)
+            try:
+                result = call(self.model, *args, **kwargs)
+            except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
+                raise RematError(RECOMPILE_LIMIT) from exc
         beyond = self.backend.runs_beyond_plan()
         if beyond is not None and not self._warned_runs:
             object.__setattr__(self, "_warned_runs", True)
@@ -515,6 +709,8 @@ class RematModule(nn.Module):
         state = dict(self.__dict__)
         state.pop("backend", None)
         state.pop("_compiled", None)
+        state.pop("_compiled_any_size", None)
+        state.pop("_planned_inputs", None)
         state.pop("_warned_runs", None)
         state.pop("_warned_grads", None)
         state.pop("_warned_held", None)
@@ -568,6 +764,13 @@ def module_inside(model: nn.Module) -> nn.Module:
             )
             return module_inside(inner)
     return model
+
+
+def input_signature(args: tuple, kwargs: dict) -> list:
+    """The shape and dtype of every tensor among a call's inputs (None for anything else), in
+    pytree order: a call with the plan's signature runs the graphs the plan was made for."""
+    leaves, _ = tree_flatten((args, kwargs))
+    return [[list(x.shape), str(x.dtype)] if isinstance(x, torch.Tensor) else None for x in leaves]
 
 
 def parameter_signature(model: nn.Module) -> list[list]:

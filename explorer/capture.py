@@ -66,6 +66,7 @@ from explorer.modelstate import (
 )
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
+from explorer.symsizes import Sizes
 from explorer.verify import loss_of
 
 # the PyTorch running here keeps a graph's handed-over tangents through its backward
@@ -180,7 +181,7 @@ class _Recorder(RematBackend):
         return result
 
     def _schedule_for(
-        self, joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int
+        self, joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int, _sizes: Sizes
     ) -> GraphSchedule:
         if not self.done:
             self.compiled.append((joint, graph, num_fwd_outputs))

@@ -47,6 +47,7 @@ from explorer.graph import (
     ValueRef,
 )
 from explorer.metadevice import stood_for
+from explorer.symsizes import Sizes, contiguous_at_hints, hint, is_symbolic, symbolic_sizes
 
 # Ops whose schema says "fresh tensor" but which return a view of their input's storage.
 _HIDDEN_VIEWS = {"aten._unsafe_view.default", "aten._reshape_alias.default"}
@@ -66,24 +67,47 @@ def describe(
 ) -> Graph:
     """The IR of a joint graph. `static_indices`: positions of the primals that are parameters
     or buffers (AOTAutograd's `static_lifetime_input_indices`); the others are user inputs."""
+    return describe_with_sizes(joint, num_fwd_outputs, static_indices)[0]
+
+
+def describe_with_sizes(
+    joint: fx.Graph, num_fwd_outputs: int, static_indices: list[int] | None = None
+) -> tuple[Graph, Sizes]:
+    """`describe`, and the sizes of the values that depend on a symbol (a graph Dynamo
+    captured for any size of a dimension: explorer.symsizes), whose metas in the IR hold the
+    sizes of the call that captured it. Symbolic numbers (sizes and arithmetic on them) are
+    not values of the IR: they cost no memory and are never saved or recomputed as tensors."""
     static = set(static_indices or [])
     device = _step_device(joint)
     refs: dict[fx.Node, ValueRef] = {}
     nodes: list[Node] = []
     primals: list[Node] = []
+    tensor_primal: list[bool] = []  # per primal: a tensor (not a symbolic number)
+    traced: dict[ValueRef, tuple] = {}  # each value's traced shape and bytes
+
+    def outputs_of(fxn: fx.Node) -> list[TensorMeta | None]:
+        found = _outputs(fxn, device)
+        for k, out in enumerate(found):
+            if out is not None:
+                traced[(fxn.name, k)] = out[1:]
+        return [None if out is None else out[0] for out in found]
+
     outs: list = []
     for fxn in joint.nodes:
+        if is_symbolic(fxn):
+            if fxn.op == "placeholder":
+                tensor_primal.append(False)
+            continue
         if fxn.op == "placeholder":
-            node = Node(
-                fxn.name, PLACEHOLDER, PLACEHOLDER, [], _output_metas(fxn, device), ROLE_TANGENT
-            )
+            node = Node(fxn.name, PLACEHOLDER, PLACEHOLDER, [], outputs_of(fxn), ROLE_TANGENT)
             if not is_tangent(fxn):
-                node.role = ROLE_PARAM if len(primals) in static else ROLE_INPUT
+                node.role = ROLE_PARAM if len(tensor_primal) in static else ROLE_INPUT
                 primals.append(node)
+                tensor_primal.append(True)
             nodes.append(node)
             refs[fxn] = (fxn.name, 0)
         elif fxn.op == "get_attr":
-            metas = _output_metas(fxn, device)
+            metas = outputs_of(fxn)
             nodes.append(Node(fxn.name, PLACEHOLDER, PLACEHOLDER, [], metas, ROLE_CONSTANT))
             refs[fxn] = (fxn.name, 0)
         elif is_getitem(fxn):
@@ -97,7 +121,7 @@ def describe(
                     target=str(fxn.target),
                     phase=_PHASE_BY_TAG.get(fxn.meta.get("partitioner_tag"), BACKWARD),
                     inputs=[refs[a] for a in tensor_args(fxn)],
-                    outputs=_output_metas(fxn, device),
+                    outputs=outputs_of(fxn),
                     random=torch.Tag.nondeterministic_seeded in tags,
                     consts=_consts(fxn),
                 )
@@ -106,13 +130,19 @@ def describe(
         elif fxn.op == "output":
             outs = _output_list(fxn)
     _untagged_forward(nodes, [x for x in outs[:num_fwd_outputs] if isinstance(x, fx.Node)])
-    as_ref = lambda x: refs[x] if isinstance(x, fx.Node) else None  # noqa: E731
-    input_grads = [as_ref(x) for x in outs[num_fwd_outputs:]]
+
+    # None: not a tensor we track (a symbolic size among the outputs is not a tensor)
+    def as_ref(x: object) -> ValueRef | None:
+        return refs[x] if isinstance(x, fx.Node) and not is_symbolic(x) else None
+
+    grads = outs[num_fwd_outputs:]
+    input_grads = [as_ref(x) for x, tensor in zip(grads, tensor_primal, strict=False) if tensor]
     for node, grad in zip(primals, input_grads, strict=False):
         if node.role == ROLE_PARAM and grad is None:
             node.role = ROLE_BUFFER  # static and gets no gradient: a buffer or frozen weight
     _pin(nodes)
-    return Graph(nodes, [as_ref(x) for x in outs[:num_fwd_outputs]], input_grads)
+    graph = Graph(nodes, [as_ref(x) for x in outs[:num_fwd_outputs]], input_grads)
+    return graph, symbolic_sizes(traced)
 
 
 def _untagged_forward(nodes: list[Node], forward_outputs: list[fx.Node]) -> None:
@@ -194,19 +224,23 @@ def value_nodes(joint: fx.Graph) -> dict[ValueRef, fx.Node]:
 
 
 def tensor_args(node: fx.Node) -> list[fx.Node]:
-    """The FX nodes among a node's arguments, in argument order (nested lists included)."""
+    """The FX nodes of tensors among a node's arguments, in argument order (nested lists
+    included): not those of symbolic sizes (explorer.symsizes)."""
     flat, _ = tree_flatten((node.args, node.kwargs))
-    return [a for a in flat if isinstance(a, fx.Node)]
+    return [a for a in flat if isinstance(a, fx.Node) and not is_symbolic(a)]
 
 
-def _storage_bytes(t: torch.Tensor) -> int:
-    if t.numel() == 0:
+def _storage_bytes(t: torch.Tensor) -> int | torch.SymInt:
+    """The bytes from the tensor's first element to its last (an expression in the graph's
+    symbols where its sizes are symbolic: a symbolic size is at least 2, so only a fixed size
+    can make it empty, and the hint says so without a guard)."""
+    if hint(t.numel()) == 0:
         return 0
     span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
     return span * t.element_size()
 
 
-def _fresh_bytes(node: fx.Node, value: torch.Tensor) -> int:
+def _fresh_bytes(node: fx.Node, value: torch.Tensor) -> int | torch.SymInt:
     """Bytes the kernel allocates for a fresh output. A functional write into a view
     (`_WHOLE_STORAGE_COPIES`) returns that view of a copy of the view's whole storage, where
     the traced value spans the view only: PyTorch's fake kernels of the scatters allocate no
@@ -218,10 +252,10 @@ def _fresh_bytes(node: fx.Node, value: torch.Tensor) -> int:
     bytes of span, of the 2,048-byte storage its first graph made (counted by that reader,
     the step was 960 bytes over the plan from there on)."""
     if node.op == "placeholder" and not is_tangent(node):
-        return max(_storage_bytes(value), value.untyped_storage().nbytes())
+        return torch.sym_max(_storage_bytes(value), value.untyped_storage().nbytes())
     destination = _argument_value(node, 0) if str(node.target) in _WHOLE_STORAGE_COPIES else None
-    if isinstance(destination, torch.Tensor) and value.numel():
-        return max(_storage_bytes(value), destination.untyped_storage().nbytes())
+    if isinstance(destination, torch.Tensor) and hint(value.numel()):
+        return torch.sym_max(_storage_bytes(value), destination.untyped_storage().nbytes())
     return _storage_bytes(value)
 
 
@@ -234,25 +268,28 @@ def _step_device(joint: fx.Graph) -> str:
     return "cpu"
 
 
-def _output_metas(node: fx.Node, device: str) -> list[TensorMeta | None]:
+def _outputs(node: fx.Node, device: str) -> list[tuple[TensorMeta, tuple, object] | None]:
+    """Each output's meta (at the hints, for a symbolic size), with its traced shape and bytes
+    (SymInts where symbolic); None for an output that is not a tensor."""
     val = node.meta.get("val")
     vals = list(val) if isinstance(val, (tuple, list)) else [val]
     aliases = _alias_positions(node)
     if isinstance(val, list) and _returns_view_list(node):  # split, unbind, chunk: all views
         aliases = [0] * len(vals)
-    metas: list[TensorMeta | None] = []
+    found: list[tuple[TensorMeta, tuple, object] | None] = []
     for i, v in enumerate(vals):
         if not isinstance(v, torch.Tensor):
-            metas.append(None)
+            found.append(None)
             continue
         alias = aliases[i] if i < len(aliases) else None
         elsewhere = alias is not None or v.device.type != device
         nbytes = 0 if elsewhere else _fresh_bytes(node, v)
         dtype = _kernel_dtype(node, i, v)
         nbytes = nbytes * dtype.itemsize // v.element_size()
-        shape = tuple(int(s) for s in v.shape)
-        metas.append(TensorMeta(shape, str(dtype), nbytes, alias, v.is_contiguous()))
-    return metas
+        shape = tuple(hint(s) for s in v.shape)
+        meta = TensorMeta(shape, str(dtype), hint(nbytes), alias, contiguous_at_hints(v))
+        found.append((meta, tuple(v.shape), nbytes))
+    return found
 
 
 # normalizations whose CPU kernel keeps the saved statistics (outputs 1 and 2) in float32

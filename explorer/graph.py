@@ -174,6 +174,34 @@ class Graph:
             }
         )
 
+    def layout(self) -> str:
+        """A hash of the operators and their wiring by position, without names or sizes: the
+        graph Dynamo captures for any size of a dimension (explorer.symsizes) has the operators
+        of the graph captured at one size, in the same order, but its own node names (its
+        symbolic sizes are graph inputs too, which renumbers them), so a schedule carries over
+        between two graphs of one layout by position."""
+        if "layout" not in self._hashes:
+            position = {n.name: k for k, n in enumerate(self.nodes)}
+            at = lambda ref: None if ref is None else [position[ref[0]], ref[1]]  # noqa: E731
+            self._hashes["layout"] = _digest(
+                {
+                    "nodes": [
+                        [
+                            n.target,
+                            n.phase,
+                            n.role,
+                            n.random,
+                            [at(r) for r in n.inputs],
+                            len(n.outputs),
+                        ]
+                        for n in self.nodes
+                    ],  # fmt: skip
+                    "model_outputs": [at(r) for r in self.model_outputs],
+                    "input_grads": [at(r) for r in self.input_grads],
+                }
+            )
+        return self._hashes["layout"]
+
     def to_dict(self) -> dict:
         return {
             "nodes": [asdict(n) for n in self.nodes],

@@ -28,6 +28,7 @@ from explorer.fxgraph import is_getitem, is_tangent, value_nodes
 from explorer.graph import BACKWARD, FORWARD, Graph
 from explorer.rngreplay import replay_in_place
 from explorer.schedule import GraphSchedule
+from explorer.symsizes import is_symbolic
 
 RECOMPUTE = "recompute"  # node.meta["remat"] of a recomputation in the backward graph
 # node.meta flag of a value a traced autograd.Function put on its ctx (torch._functorch)
@@ -39,9 +40,9 @@ def partition(
     joint: fx.GraphModule, graph: Graph, schedule: GraphSchedule, num_fwd_outputs: int
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward graph modules that follow `schedule`."""
-    scheduled, saved = _scheduled_joint(joint, graph, schedule, num_fwd_outputs)
+    scheduled, saved, sizes = _scheduled_joint(joint, graph, schedule, num_fwd_outputs)
     return _extract_fwd_bwd_modules(
-        scheduled, saved, saved_sym_nodes=[], num_fwd_outputs=num_fwd_outputs
+        scheduled, saved, saved_sym_nodes=sizes, num_fwd_outputs=num_fwd_outputs
     )
 
 
@@ -55,15 +56,20 @@ def _copied(new: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node]) -> fx.Nod
 
 def _scheduled_joint(
     joint: fx.GraphModule, graph: Graph, schedule: GraphSchedule, num_fwd_outputs: int
-) -> tuple[fx.GraphModule, list[fx.Node]]:
-    """A copy of the joint graph whose backward runs in the schedule's order, and the values
-    its forward saves (the schedule's, plus the graph inputs the backward reads)."""
+) -> tuple[fx.GraphModule, list[fx.Node], list[fx.Node]]:
+    """A copy of the joint graph whose backward runs in the schedule's order, the values its
+    forward saves (the schedule's, plus the graph inputs the backward reads) and the symbolic
+    sizes it passes on (those the backward reads among the forward's: AOTAutograd keeps the
+    ones it does)."""
     phase = {n.name: n.phase for n in graph.nodes}
     by_name = {n.name: n for n in joint.graph.nodes}
     new = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}  # joint node -> its latest copy
 
     def copy(node: fx.Node, tag: str | None = None) -> fx.Node:
+        for size in node.all_input_nodes:  # a backward size read first here (not in the IR)
+            if is_symbolic(size) and size not in env:
+                copy(size)
         made = _copied(new, node, env)
         made.meta["remat_source"] = node.name
         if tag is not None:
@@ -81,10 +87,14 @@ def _scheduled_joint(
     for node in joint.graph.nodes:
         if node.op in ("placeholder", "get_attr"):
             copy(node)
+        elif is_symbolic(node):
+            if node.meta.get("partitioner_tag") != "is_backward":
+                copy(node)
         elif node.op == "call_function" and not is_getitem(node):
             if phase.get(node.name, BACKWARD) != BACKWARD:
                 copy(node)
     forward_copy = dict(env)
+    sizes = [made for made in forward_copy.values() if is_symbolic(made) and made.op != "output"]
     refs = value_nodes(joint.graph)
     saved = [forward_copy[refs[ref]] for ref in schedule.saved]
     for name in schedule.backward:
@@ -107,4 +117,4 @@ def _scheduled_joint(
     ]
     new.output(tuple(mapped)).meta.update(output.meta)
     new.lint()
-    return fx.GraphModule(joint, new), saved
+    return fx.GraphModule(joint, new), saved, sizes

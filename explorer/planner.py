@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from explorer import metadevice
-from explorer.backend import module_inside, parameter_signature
+from explorer.backend import input_signature, module_inside, parameter_signature
 from explorer.capture import CapturedGraph, capture
 from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
 from explorer.errors import UserError
@@ -408,6 +408,7 @@ class Planner:
                 "buildable": spec is not None,
             },
             "inputs": _describe_inputs(self.example_inputs, self.example_kwargs),
+            "input_signature": input_signature(self.example_inputs, self.example_kwargs),
             "autocast": str(self.autocast) if self.autocast else None,
             "gradients_held": self.gradients_held,
             "loss": loss_name(self.loss),

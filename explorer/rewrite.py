@@ -31,9 +31,11 @@ import operator
 import torch
 from torch import fx
 from torch._guards import detect_fake_mode
+from torch.utils._pytree import tree_map
 
 from explorer.metadevice import device_kind
 from explorer.rngreplay import BERNOULLI_MASK, CUDA_DROPOUT_MASK, RNG_STATE
+from explorer.symsizes import contiguous_at_hints
 
 aten = torch.ops.aten
 DROPOUT_P = "remat_dropout_p"  # node.meta of a split dropout's mask: the dropout's p
@@ -51,11 +53,11 @@ def compact_dropout(joint: fx.GraphModule) -> int:
         x, p = node.args[0], float(node.args[1])
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
         x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
-        if train is False or not isinstance(x_val, torch.Tensor) or not x_val.is_contiguous():
+        if train is False or not isinstance(x_val, torch.Tensor):
             continue
-        if not all(isinstance(size, int) for size in x_val.shape):
-            continue  # a symbolic shape: the mask's shape would have to be read from x
-        drawn = _mask_draw(x, x_val, p)
+        if not contiguous_at_hints(x_val):
+            continue
+        drawn = _mask_draw(node, x, x_val, p)
         if drawn is None:
             continue
         _split(graph, node, x, x_val, drawn)
@@ -66,7 +68,9 @@ def compact_dropout(joint: fx.GraphModule) -> int:
     return split
 
 
-def _mask_draw(x: fx.Node, x_val: torch.Tensor, p: float) -> tuple[tuple, float] | None:
+def _mask_draw(
+    dropout: fx.Node, x: fx.Node, x_val: torch.Tensor, p: float
+) -> tuple[tuple, float] | None:
     """The mask operator's (target, arguments after the state) and the output's scale for a
     dropout of `x` (its value `x_val`) on its device, or None where its mask cannot be drawn
     again. A meta tensor is on the device it stands for (explorer.metadevice.device_kind)."""
@@ -74,7 +78,7 @@ def _mask_draw(x: fx.Node, x_val: torch.Tensor, p: float) -> tuple[tuple, float]
     kind = device_kind(x_val)
     if kind == "cpu":
         scale = 0.0 if keep == 0 else float(torch.tensor(1.0 / keep, dtype=x_val.dtype))
-        return (BERNOULLI_MASK, (list(x_val.shape), keep)), scale
+        return (BERNOULLI_MASK, (_shape_of(dropout, x, x_val), keep)), scale
     if kind != "cuda" or not 0.0 < p < 1.0 or x_val.storage_offset() != 0:
         return None  # p 0 or 1 takes other kernels; an offset start may change the launch
     if x_val.dtype in _CUDA_FLOATS:
@@ -85,6 +89,24 @@ def _mask_draw(x: fx.Node, x_val: torch.Tensor, p: float) -> tuple[tuple, float]
     else:
         return None
     return (CUDA_DROPOUT_MASK, (x, p)), scale
+
+
+def _shape_of(dropout: fx.Node, x: fx.Node, x_val: torch.Tensor) -> list:
+    """The mask's shape as the mask operator reads it: each size a number, or where the
+    graph serves any size of that dimension (explorer.symsizes) a node reading it off `x`,
+    placed before the dropout."""
+    shape: list = []
+    for d, size in enumerate(x_val.shape):
+        if not isinstance(size, torch.SymInt):
+            shape.append(int(size))
+            continue
+        with dropout.graph.inserting_before(dropout):
+            read = dropout.graph.call_function(aten.sym_size.int, (x, d))
+        read.meta["val"] = size
+        if "partitioner_tag" in dropout.meta:
+            read.meta["partitioner_tag"] = dropout.meta["partitioner_tag"]
+        shape.append(read)
+    return shape
 
 
 def _split(
@@ -120,7 +142,8 @@ def _split(
 
 
 def _vals(args: tuple) -> tuple:
-    return tuple(a.meta["val"] if isinstance(a, fx.Node) else a for a in args)
+    """The traced values of the arguments (nested in lists too: a shape of size nodes)."""
+    return tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, args)
 
 
 def fuse_kept_dropouts(forward: fx.GraphModule) -> int:
