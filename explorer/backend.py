@@ -83,6 +83,7 @@ from explorer.graph import FORWARD, Graph, ValueRef
 from explorer.modelstate import storage_address
 from explorer.partition import partition
 from explorer.program import (
+    StepProgram,
     baseline_schedule,
     check_program,
     compile_program,
@@ -91,7 +92,7 @@ from explorer.program import (
 from explorer.rewrite import compact_dropout, fuse_kept_dropouts
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import simulate
-from explorer.symsizes import Sizes, at_sizes, binding_sources, sizes_in
+from explorer.symsizes import SizedGraph, Sizes, binding_sources, sizes_in
 from explorer.units import format_bytes
 
 EXACT, RESIZED, MAPPED = "exact", "same structure, other sizes", "carried over"
@@ -392,7 +393,7 @@ class RematBackend:
             return
         binding = {s: v for (s, _, _), v in zip(symbolic.sources, sizes, strict=True)}
         try:
-            graph = at_sizes(symbolic.graph, symbolic.sizes, binding)
+            graph = symbolic.sized.at(binding)
         except ValueError as exc:  # a size its inputs do not give (none is known)
             symbolic.unknown.add(sizes)
             what = f"a graph captured for any size ({plan.how}), run at sizes {list(sizes)}"
@@ -405,7 +406,7 @@ class RematBackend:
                     stacklevel=3,
                 )
             return
-        peak = simulate(graph, compile_program(graph, symbolic.schedule)).peak_bytes
+        peak = simulate(graph, symbolic.program).peak_bytes
         plan.peaks_at[sizes] = peak
         if plan.budget_bytes is not None and peak > plan.budget_bytes:
             what = f"a graph captured for any size ({plan.how}), run at sizes {list(sizes)},"
@@ -434,6 +435,14 @@ class _Symbolic:
     plan: GraphPlan
     sources: list = field(default_factory=list)
     unknown: set[tuple] = field(default_factory=set)  # sizes whose peak cannot be predicted
+    # what each check reads, built once: the graph to evaluate at each size, and the
+    # schedule's program (the same at every size)
+    sized: SizedGraph = field(init=False)
+    program: StepProgram = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sized = SizedGraph(self.graph, self.sizes)
+        self.program = compile_program(self.graph, self.schedule)
 
 
 # a graph for any size takes the schedule of a graph at fixed sizes whose operators align

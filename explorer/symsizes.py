@@ -6,7 +6,7 @@ symbolic (its "automatic dynamic" shapes), and the new graph serves every later 
 tensors' sizes are then expressions in those symbols (`2*s21*128`), and the runtime plans such a
 graph once for all sizes: its IR (explorer.fxgraph) holds the sizes of the call that captured it
 (each symbol's *hint*), and `symbolic_sizes` keeps each value's shape and bytes as expressions,
-which `at_sizes` evaluates for the sizes a later call brings (`binding`), so that the same
+which `SizedGraph` evaluates for the sizes a later call brings (`binding`), so that the same
 memory accounting (explorer.simulate) checks the budget at every size a step runs.
 
 Reading a symbol's hint never adds a guard: a guard on a size (`s21 == 37`) would tie the graph
@@ -15,7 +15,7 @@ to that one size again.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from collections.abc import Sequence
 
 import sympy
@@ -82,35 +82,57 @@ def symbolic_sizes(values: dict[ValueRef, tuple[Sequence, object]]) -> Sizes:
     return sizes
 
 
-def at_sizes(graph: Graph, sizes: Sizes, binding: Binding) -> Graph:
-    """`graph` with the shape and bytes of every symbolic value evaluated for `binding`."""
-    if not sizes:
-        return graph
+class SizedGraph:
+    """A graph captured for any size, to be evaluated at many sizes: its distinct expressions
+    are found once, and at each binding evaluated once each; the nodes without a symbolic
+    value are shared with the graph."""
 
-    given = {symbol: sympy.Integer(size) for symbol, size in binding.items()}
+    def __init__(self, graph: Graph, sizes: Sizes) -> None:
+        self.graph = graph
+        self._exprs: list[sympy.Expr] = []
+        position: dict[sympy.Expr, int] = {}
 
-    def evaluate(expr: sympy.Expr) -> int:
-        value = expr.xreplace(given)
-        if value.free_symbols:
-            raise ValueError(f"no size given for {sorted(map(str, value.free_symbols))}")
-        return int(value)
+        def slot(expr: sympy.Expr) -> int:
+            if expr not in position:
+                position[expr] = len(self._exprs)
+                self._exprs.append(expr)
+            return position[expr]
 
-    nodes = []
-    for node in graph.nodes:
-        outputs: list[TensorMeta | None] = []
-        for k, meta in enumerate(node.outputs):
-            found = sizes.get((node.name, k))
-            if meta is None or found is None:
-                outputs.append(meta)
-                continue
-            shape, nbytes = found
-            outputs.append(
-                dataclasses.replace(
-                    meta, shape=tuple(evaluate(s) for s in shape), nbytes=evaluate(nbytes)
-                )
-            )
-        nodes.append(dataclasses.replace(node, outputs=outputs))
-    return Graph(nodes, list(graph.model_outputs), list(graph.input_grads))
+        # per node with a symbolic value: its index, and per output the positions of its
+        # shape's and bytes' expressions (None: an output that keeps its meta)
+        self._nodes: list[tuple[int, list[tuple[tuple[int, ...], int] | None]]] = []
+        for n, node in enumerate(graph.nodes):
+            found = [sizes.get((node.name, k)) for k in range(len(node.outputs))]
+            if any(f is not None for f in found):
+                slots = [
+                    None if f is None else (tuple(slot(e) for e in f[0]), slot(f[1])) for f in found
+                ]
+                self._nodes.append((n, slots))
+
+    def at(self, binding: Binding) -> Graph:
+        """The graph with the shape and bytes of every symbolic value evaluated for
+        `binding`; a ValueError where a symbol has no value there."""
+        given = {symbol: sympy.Integer(size) for symbol, size in binding.items()}
+        values = []
+        for expr in self._exprs:
+            value = expr.xreplace(given)
+            if value.free_symbols:
+                raise ValueError(f"no size given for {sorted(map(str, value.free_symbols))}")
+            values.append(int(value))
+        nodes = list(self.graph.nodes)
+        for n, slots in self._nodes:
+            node = nodes[n]
+            outputs = list(node.outputs)
+            for k, slot in enumerate(slots):
+                meta = outputs[k]
+                if slot is not None and meta is not None:
+                    shape = tuple(values[e] for e in slot[0])
+                    outputs[k] = TensorMeta(
+                        shape, meta.dtype, values[slot[1]], meta.alias_of, meta.contiguous
+                    )
+            nodes[n] = copy.copy(node)
+            nodes[n].outputs = outputs
+        return Graph(nodes, list(self.graph.model_outputs), list(self.graph.input_grads))
 
 
 def binding_sources(placeholders: Sequence[fx.Node]) -> list[tuple[sympy.Symbol, int, int | None]]:
