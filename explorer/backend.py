@@ -298,7 +298,7 @@ class RematBackend:
         if source is not None:
             fixed, names, whole = source
             if whole:  # node by node: the same schedule
-                schedule = _renamed(fixed.schedule, names, graph)
+                schedule = _renamed(fixed.schedule, graph, names)
                 how = MAPPED if fixed.plan.how == MAPPED else RESIZED
             else:
                 keep = {(names[name], k) for name, k in fixed.schedule.saved if name in names}
@@ -309,13 +309,7 @@ class RematBackend:
         same = next((s for s in self.schedules if s.structure == structure), None)
         if same is not None:
             _check_fits(graph, same)
-            schedule = GraphSchedule(
-                fingerprint,
-                list(same.saved),
-                list(same.backward),
-                recomputed=list(same.recomputed),
-                structure=structure,
-            )
+            schedule = _renamed(same, graph)
             return self._record(graph, schedule, RESIZED, same.budget_bytes, sizes)
         closest = _closest(self.schedules, graph)
         if closest is None:
@@ -464,13 +458,17 @@ def _aligned(source: Graph, graph: Graph) -> dict[str, str]:
     return names
 
 
-def _renamed(schedule: GraphSchedule, names: dict[str, str], graph: Graph) -> GraphSchedule:
-    """`schedule` with every node named as in `graph` (`names`: each node's name there)."""
+def _renamed(
+    schedule: GraphSchedule, graph: Graph, names: dict[str, str] | None = None
+) -> GraphSchedule:
+    """`schedule` for `graph`, every node named as there (`names`: each node's name there;
+    None: the same names)."""
+    name = (lambda n: n) if names is None else names.__getitem__
     return GraphSchedule(
         graph.fingerprint(),
-        [(names[name], k) for name, k in schedule.saved],
-        [names[name] for name in schedule.backward],
-        recomputed=[names[name] for name in schedule.recomputed],
+        [(name(node), k) for node, k in schedule.saved],
+        [name(node) for node in schedule.backward],
+        recomputed=[name(node) for node in schedule.recomputed],
         structure=graph.structure(),
     )
 

@@ -195,7 +195,7 @@ class Graph:
                             len(n.outputs),
                         ]
                         for n in self.nodes
-                    ],  # fmt: skip
+                    ],
                     "model_outputs": [at(r) for r in self.model_outputs],
                     "input_grads": [at(r) for r in self.input_grads],
                 }
