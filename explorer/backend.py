@@ -27,8 +27,8 @@ other size is captured at its sizes, the next one once more for any size of that
 (explorer.symsizes), and that graph serves every later size, so that text batches padded to
 their longest sequence cost two captures, not one per length up to Dynamo's recompile limit.
 Such a graph takes the schedule of the graph at fixed sizes it matches: node by node where
-their layouts agree (Graph.layout), else the saved values of the operators that align (for any
-size Dynamo keeps slices that at one size vanish). Its peak is simulated again at each new size
+their layouts agree (Graph.layout), else the backward order on the operators that align (for
+any size Dynamo keeps slices that at one size vanish; explorer.carry). Its peak is simulated again at each new size
 a run brings (GraphPlan.peaks_at) and checked against the budget, with a warning, once.
 
 A plan counts how many times the step runs each graph (Dynamo reuses one graph for every pass
@@ -62,7 +62,6 @@ Contract, for users of the wrapped module:
 from __future__ import annotations
 
 import contextlib
-import difflib
 import gc
 import types
 import warnings
@@ -77,9 +76,17 @@ from torch import fx, nn
 from torch._dynamo.backends.common import aot_autograd
 from torch.utils._pytree import tree_flatten
 
+from explorer.carry import (
+    ALIGNED_SHARE,
+    aligned_names,
+    carried_saved,
+    closest_schedule,
+    in_aligned_order,
+    renamed,
+)
 from explorer.errors import RematWarning
 from explorer.fxgraph import describe_with_sizes
-from explorer.graph import FORWARD, Graph, ValueRef
+from explorer.graph import FORWARD, Graph
 from explorer.modelstate import storage_address
 from explorer.partition import partition
 from explorer.program import (
@@ -298,23 +305,25 @@ class RematBackend:
         if source is not None:
             fixed, names, whole = source
             if whole:  # node by node: the same schedule
-                schedule = _renamed(fixed.schedule, graph, names)
+                schedule = renamed(fixed.schedule, graph, names)
                 how = MAPPED if fixed.plan.how == MAPPED else RESIZED
             else:
-                keep = {(names[name], k) for name, k in fixed.schedule.saved if name in names}
-                keep = {ref for ref in keep if ref[1] < len(graph.node(ref[0]).outputs)}
-                schedule, how = schedule_from_saved(graph, keep), MAPPED
+                schedule, how = in_aligned_order(fixed.schedule, graph, names), MAPPED
+                if schedule is None:  # the order does not run here: its saved values do
+                    keep = {(names[n], k) for n, k in fixed.schedule.saved if n in names}
+                    keep = {ref for ref in keep if ref[1] < len(graph.node(ref[0]).outputs)}
+                    schedule = schedule_from_saved(graph, keep)
             _check_fits(graph, schedule)
             return self._record(graph, schedule, how, fixed.plan.budget_bytes, sizes, fixed)
         same = next((s for s in self.schedules if s.structure == structure), None)
         if same is not None:
             _check_fits(graph, same)
-            schedule = _renamed(same, graph)
+            schedule = renamed(same, graph)
             return self._record(graph, schedule, RESIZED, same.budget_bytes, sizes)
-        closest = _closest(self.schedules, graph)
+        closest = closest_schedule(self.schedules, graph)
         if closest is None:
             return self._record(graph, baseline_schedule(graph), MAPPED, None, sizes)
-        keep = _carried_saved(closest, graph)
+        keep = carried_saved(closest, graph)
         schedule = schedule_from_saved(graph, keep)
         return self._record(graph, schedule, MAPPED, closest.budget_bytes, sizes)
 
@@ -328,7 +337,7 @@ class RematBackend:
             if fixed.graph.layout() == graph.layout():
                 pairs = zip(fixed.graph.nodes, graph.nodes, strict=True)
                 return fixed, {a.name: b.name for a, b in pairs}, True
-        aligned = [(_aligned(fixed.graph, graph), fixed) for fixed in self._fixed]
+        aligned = [(aligned_names(fixed.graph, graph), fixed) for fixed in self._fixed]
         names, fixed = max(aligned, key=lambda pair: len(pair[0]), default=({}, None))
         if fixed is None or len(names) < ALIGNED_SHARE * len(graph.nodes):
             return None
@@ -439,40 +448,6 @@ class _Symbolic:
         self.program = compile_program(self.graph, self.schedule)
 
 
-# a graph for any size takes the schedule of a graph at fixed sizes whose operators align
-# with this share of its own at least (GPT-2's: 409 of 412)
-ALIGNED_SHARE = 0.9
-
-
-def _aligned(source: Graph, graph: Graph) -> dict[str, str]:
-    """The names in `graph` of the nodes of `source` that align with them: the longest
-    matching runs of operators (target, phase, role and outputs) in order."""
-    key = lambda n: (n.target, n.phase, n.role, len(n.outputs))  # noqa: E731
-    matcher = difflib.SequenceMatcher(
-        None, [key(n) for n in source.nodes], [key(n) for n in graph.nodes], autojunk=False
-    )
-    names: dict[str, str] = {}
-    for a, b, size in matcher.get_matching_blocks():
-        for k in range(size):
-            names[source.nodes[a + k].name] = graph.nodes[b + k].name
-    return names
-
-
-def _renamed(
-    schedule: GraphSchedule, graph: Graph, names: dict[str, str] | None = None
-) -> GraphSchedule:
-    """`schedule` for `graph`, every node named as there (`names`: each node's name there;
-    None: the same names)."""
-    name = (lambda n: n) if names is None else names.__getitem__
-    return GraphSchedule(
-        graph.fingerprint(),
-        [(name(node), k) for node, k in schedule.saved],
-        [name(node) for node in schedule.backward],
-        recomputed=[name(node) for node in schedule.recomputed],
-        structure=graph.structure(),
-    )
-
-
 def _dense(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.layout == torch.strided
 
@@ -516,25 +491,6 @@ def _sizes(need: int, budget: int | None) -> tuple[str, str]:
     if _mib(need) == _mib(budget):
         return f"{need} bytes", f"{budget} bytes"
     return _mib(need), _mib(budget)
-
-
-def _closest(schedules: list[GraphSchedule], graph: Graph) -> GraphSchedule | None:
-    """The schedule whose saved values name the most forward nodes of `graph`."""
-    names = {n.name for n in graph.nodes if n.phase == FORWARD}
-    scored = [(sum(r[0] in names for r in s.saved), k) for k, s in enumerate(schedules)]
-    best = max(scored, default=(0, -1))
-    return schedules[best[1]] if best[0] > 0 else None
-
-
-def _carried_saved(source: GraphSchedule, graph: Graph) -> set[ValueRef]:
-    """The source's saved values that exist in `graph` as forward values of the same op."""
-    kept: set[ValueRef] = set()
-    forward = {n.name: n for n in graph.nodes if n.phase == FORWARD}
-    for name, index in source.saved:
-        node = forward.get(name)
-        if node is not None and index < len(node.outputs) and node.outputs[index] is not None:
-            kept.add((name, index))
-    return kept
 
 
 def _call(model: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -478,6 +478,13 @@ def schedule_from_saved(graph: Graph, keep: set[ValueRef]) -> GraphSchedule:
     return _schedule(graph, read_before_made(graph, order, set(forward)), order)
 
 
+def schedule_from_order(graph: Graph, order: list[str]) -> GraphSchedule:
+    """The schedule that runs `order` as its backward (its backward operators and the forward
+    ones it makes again, as often as it names them), saving what it reads before making."""
+    forward = {n.name for n in graph.nodes if n.phase == FORWARD}
+    return _schedule(graph, read_before_made(graph, order, forward), order)
+
+
 def _schedule(graph: Graph, saved: list[ValueRef], backward: list[str]) -> GraphSchedule:
     forward = {n.name for n in graph.nodes if n.phase == FORWARD}
     recomputed = list(dict.fromkeys(name for name in backward if name in forward))

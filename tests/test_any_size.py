@@ -12,12 +12,17 @@ import warnings
 import pytest
 import torch
 from helpers import planner, train_step
+from ir_graphs import StepBuilder
 
 from explorer.backend import EXACT, RESIZED, RematError, RematModule, wrap_with_schedule
+from explorer.carry import aligned_names, in_aligned_order
 from explorer.errors import RematWarning
+from explorer.graph import BACKWARD
 from explorer.memory import LiveBytesTracker, tensor_bytes
 from explorer.modelstate import held_state
+from explorer.program import compile_program, schedule_from_order, schedule_from_saved
 from explorer.schedule import Schedule
+from explorer.simulate import simulate
 
 
 def _wrapped(plan, point: int) -> RematModule:
@@ -108,3 +113,37 @@ def test_a_forward_that_fixes_its_size_in_python_is_refused_in_words_at_the_limi
     with pytest.raises(RematError, match="recompile limit.*TORCH_LOGS=recompiles"):
         for length in range(2, 80):
             wrapped(torch.randn(3, length, 4)).sum().backward()
+
+
+def _mask_read_twice(with_view: bool):
+    """A mask read by the first and the last operator; `with_view` adds a view in between, as
+    Dynamo's graph for any length keeps slices that at one length vanish."""
+    b = StepBuilder()
+    x, w = b.input("x", 400), b.param("w", 4)
+    mask = b.op("mask", [x], 400)
+    a = b.op("a", [x, mask, w], 4000)
+    if with_view:
+        a = b.view("s", a)
+    return b.build(b.op("c", [b.op("b", [a], 400), mask, w], 400))[0]
+
+
+def test_a_value_saved_for_one_reader_and_made_again_for_another_is_carried_so():
+    # catches: a graph for any size taking only the saved values of the graph whose operators
+    # align, each value recomputed once: a mask saved for the last layer's backward and made
+    # again for the first's was kept throughout (GPT-2's causal mask: 34 operators, and the
+    # carried schedule needed 311,072 bytes where its source's 298,496 fit the budget)
+    source, graph = _mask_read_twice(False), _mask_read_twice(True)
+    traced = [n.name for n in source.nodes if n.phase == BACKWARD]
+    order = [*traced[:2], "mask", *traced[2:]]  # freed after grad_c, made again for grad_a
+    schedule = schedule_from_order(source, order)
+    assert ("mask", 0) in schedule.saved and schedule.recomputed == ["mask"]
+    names = aligned_names(source, graph)
+    assert set(names) == {n.name for n in source.nodes}  # all but the view and its gradient
+    carried = in_aligned_order(schedule, graph, names)
+    assert carried is not None
+    assert carried.backward == ["grad_c", "grad_b", "grad_s", "mask", "grad_a", *traced[3:]]
+    assert ("mask", 0) in carried.saved and carried.recomputed == ["mask"]
+    peak = simulate(source, compile_program(source, schedule)).peak_bytes
+    assert simulate(graph, compile_program(graph, carried)).peak_bytes == peak == 9608
+    by_saved = schedule_from_saved(graph, {(names[n], k) for n, k in schedule.saved})
+    assert simulate(graph, compile_program(graph, by_saved)).peak_bytes == peak + 400
