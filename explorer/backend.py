@@ -28,8 +28,9 @@ other size is captured at its sizes, the next one once more for any size of that
 their longest sequence cost two captures, not one per length up to Dynamo's recompile limit.
 Such a graph takes the schedule of the graph at fixed sizes it matches: node by node where
 their layouts agree (Graph.layout), else the backward order on the operators that align (for
-any size Dynamo keeps slices that at one size vanish; explorer.carry). Its peak is simulated again at each new size
-a run brings (GraphPlan.peaks_at) and checked against the budget, with a warning, once.
+any size Dynamo keeps slices that at one size vanish; explorer.carry). Its peak is simulated
+again at each new size a run brings (GraphPlan.peaks_at) and checked against the budget, with
+a warning, once.
 
 A plan counts how many times the step runs each graph (Dynamo reuses one graph for every pass
 of a loop it split the model inside; every run follows the graph's one schedule): a forward that
@@ -103,8 +104,9 @@ from explorer.symsizes import SizedGraph, Sizes, binding_sources, sizes_in
 from explorer.units import format_bytes
 
 EXACT, RESIZED, MAPPED = "exact", "same structure, other sizes", "carried over"
+RECOMPILES = 64  # captures of one wrapped model before Dynamo's limit: a RematError
 RECOMPILE_LIMIT = (
-    "torch.compile has captured this model again 64 times (Dynamo's recompile limit): every "
+    "torch.compile has captured this model again {limit} times (Dynamo's recompile limit): every "
     "input size, dtype or setting its forward meets for the first time is captured again, "
     "and an input dimension whose size changes once is captured for any size, unless the "
     "forward's Python turns that size into a fixed choice; TORCH_LOGS=recompiles shows what "
@@ -532,7 +534,7 @@ def dynamo_settings() -> Iterator[None]:
         torch._dynamo.config.patch(
             skip_nnmodule_hook_guards=False,
             skip_tensor_guards_with_matching_dict_tags=False,
-            recompile_limit=64,
+            recompile_limit=RECOMPILES,
             accumulated_recompile_limit=4096,
             fail_on_recompile_limit_hit=True,
             use_numpy_random_stream=True,
@@ -616,7 +618,7 @@ class RematModule(nn.Module):
             try:
                 result = call(self.model, *args, **kwargs)
             except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
-                raise RematError(RECOMPILE_LIMIT) from exc
+                raise RematError(RECOMPILE_LIMIT.format(limit=RECOMPILES)) from exc
         beyond = self.backend.runs_beyond_plan()
         if beyond is not None and not self._warned_runs:
             object.__setattr__(self, "_warned_runs", True)

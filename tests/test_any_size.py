@@ -14,6 +14,7 @@ import torch
 from helpers import planner, train_step
 from ir_graphs import StepBuilder
 
+from explorer import backend
 from explorer.backend import EXACT, RESIZED, RematError, RematModule, wrap_with_schedule
 from explorer.carry import aligned_names, in_aligned_order
 from explorer.errors import RematWarning
@@ -93,7 +94,7 @@ def test_the_peak_at_every_batch_size_is_predicted_to_the_byte(quick_search):
         train_step(wrapped, (batches[16],), 0)
 
 
-def test_a_forward_that_fixes_its_size_in_python_is_refused_in_words_at_the_limit():
+def test_a_forward_that_fixes_its_size_in_python_is_refused_in_words_at_the_limit(monkeypatch):
     # catches: Dynamo's own "Hard failure due to fail_on_recompile_limit_hit" as the only
     # word when a forward turns the size into a Python value at every call (each length
     # captured again, never for any size); `KeyError: primals_2` describing a graph that
@@ -108,10 +109,11 @@ def test_a_forward_that_fixes_its_size_in_python_is_refused_in_words_at_the_limi
             # symbolic size among a graph's outputs, which once failed the capture)
             return (x * self.weight).sum(1) * float(str(x.shape[1]))
 
+    monkeypatch.setattr(backend, "RECOMPILES", 8)  # Dynamo's limit as the runtime sets it
     # a plan of no graph, for inputs of no size: every call runs at another size
     wrapped = wrap_with_schedule(Fixes(), {"input_signature": []}, Schedule([]).to_dict())
-    with pytest.raises(RematError, match="recompile limit.*TORCH_LOGS=recompiles"):
-        for length in range(2, 80):
+    with pytest.raises(RematError, match="again 8 times .*recompile limit.*TORCH_LOGS=recompiles"):
+        for length in range(2, 20):
             wrapped(torch.randn(3, length, 4)).sum().backward()
 
 
