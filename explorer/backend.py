@@ -311,10 +311,6 @@ class RematBackend:
                 how = MAPPED if fixed.plan.how == MAPPED else RESIZED
             else:
                 schedule, how = in_aligned_order(fixed.schedule, graph, names), MAPPED
-                if schedule is None:  # the order does not run here: its saved values do
-                    keep = {(names[n], k) for n, k in fixed.schedule.saved if n in names}
-                    keep = {ref for ref in keep if ref[1] < len(graph.node(ref[0]).outputs)}
-                    schedule = schedule_from_saved(graph, keep)
             _check_fits(graph, schedule)
             return self._record(graph, schedule, how, fixed.plan.budget_bytes, sizes, fixed)
         same = next((s for s in self.schedules if s.structure == structure), None)
@@ -359,14 +355,15 @@ class RematBackend:
         for graphs captured for any size; such a graph (`sizes`) for the checks of its runs'
         sizes, counted as many runs a step as the plan's graphs of its source's structure,
         all of which it serves."""
-        peak = simulate(graph, compile_program(graph, schedule)).peak_bytes
+        program = compile_program(graph, schedule)
+        peak = simulate(graph, program).peak_bytes
         plan = GraphPlan(
             graph.fingerprint(), how, peak, budget, len(schedule.recomputed), bool(sizes)
         )
         self.plans.append(plan)
         number = self._partitioned
         if sizes:
-            self._symbolic[number] = _Symbolic(graph, sizes, schedule, plan)
+            self._symbolic[number] = _Symbolic(graph, sizes, program, plan)
             if source is not None:
                 structure = source.graph.structure()
                 planned = sum(s.structure == structure for s in self.schedules)
@@ -379,16 +376,19 @@ class RematBackend:
 
     def _warn_over_budget(self, graph: Graph, what: str, peak: int, budget: int | None) -> None:
         """Once per graph structure: `what` (the graph) needs more than its budget."""
+        need, budget_text = _sizes(peak, budget)
+        self._warn_once(
+            graph,
+            f"{what} needs {need} under the carried-over plan, more than its budget "
+            f"{budget_text}; plan this shape or setting to get a schedule made for it",
+        )
+
+    def _warn_once(self, graph: Graph, message: str) -> None:
+        """A RematWarning about `graph`, the first for its structure only."""
         if graph.structure() in self._warned:
             return
         self._warned.add(graph.structure())
-        need, budget_text = _sizes(peak, budget)
-        warnings.warn(
-            f"remat-explorer: {what} needs {need} under the carried-over plan, more than its "
-            f"budget {budget_text}; plan this shape or setting to get a schedule made for it",
-            RematWarning,
-            stacklevel=3,
-        )
+        warnings.warn(f"remat-explorer: {message}", RematWarning, stacklevel=4)
 
     def _check_sizes(self, symbolic: _Symbolic, sizes: tuple) -> None:
         """The first run of a graph captured for any size at sizes it has not run at: its
@@ -402,14 +402,11 @@ class RematBackend:
         except ValueError as exc:  # a size its inputs do not give (none is known)
             symbolic.unknown.add(sizes)
             what = f"a graph captured for any size ({plan.how}), run at sizes {list(sizes)}"
-            if symbolic.graph.structure() not in self._warned:
-                self._warned.add(symbolic.graph.structure())
-                warnings.warn(
-                    f"remat-explorer: the peak of {what} cannot be predicted ({exc}): it is "
-                    "not checked against the budget",
-                    RematWarning,
-                    stacklevel=3,
-                )
+            self._warn_once(
+                symbolic.graph,
+                f"the peak of {what} cannot be predicted ({exc}): it is not checked against "
+                "the budget",
+            )
             return
         peak = simulate(graph, symbolic.program).peak_bytes
         plan.peaks_at[sizes] = peak
@@ -431,23 +428,19 @@ class _Fixed:
 @dataclass
 class _Symbolic:
     """A graph captured for any size of some dimension: its IR at the sizes it was captured
-    at, its values' sizes as expressions, its schedule, what it got, and where its runs find
-    each symbol (explorer.symsizes.binding_sources)."""
+    at, its values' sizes as expressions, its schedule's program (the same at every size),
+    what it got, and where its runs find each symbol (explorer.symsizes.binding_sources)."""
 
     graph: Graph
     sizes: Sizes
-    schedule: GraphSchedule
+    program: StepProgram
     plan: GraphPlan
     sources: list = field(default_factory=list)
     unknown: set[tuple] = field(default_factory=set)  # sizes whose peak cannot be predicted
-    # what each check reads, built once: the graph to evaluate at each size, and the
-    # schedule's program (the same at every size)
-    sized: SizedGraph = field(init=False)
-    program: StepProgram = field(init=False)
+    sized: SizedGraph = field(init=False)  # the graph to evaluate at each size, built once
 
     def __post_init__(self) -> None:
         self.sized = SizedGraph(self.graph, self.sizes)
-        self.program = compile_program(self.graph, self.schedule)
 
 
 def _dense(value: Any) -> bool:

@@ -12,7 +12,12 @@ from __future__ import annotations
 import difflib
 
 from explorer.graph import BACKWARD, FORWARD, Graph, ValueRef
-from explorer.program import check_program, compile_program, schedule_from_order
+from explorer.program import (
+    check_program,
+    compile_program,
+    schedule_from_order,
+    schedule_from_saved,
+)
 from explorer.schedule import GraphSchedule
 
 # a graph for any size takes the schedule of a graph at fixed sizes whose operators align
@@ -49,17 +54,15 @@ def renamed(
     )
 
 
-def in_aligned_order(
-    schedule: GraphSchedule, graph: Graph, names: dict[str, str]
-) -> GraphSchedule | None:
+def in_aligned_order(schedule: GraphSchedule, graph: Graph, names: dict[str, str]) -> GraphSchedule:
     """`schedule` on a graph whose operators align with those it was made for only in part
     (`names`, from aligned_names): its backward order, recomputations included, on the
     operators that align, and each backward operator of `graph` that aligns with none right
     after the backward operator traced before it. What it saves follows from that order, so
     a value the schedule saves for one reader and makes again for a later one (freed in
     between) stays so: carried as a set of saved values, each value recomputed once, GPT-2's
-    attention mask was kept through the backward and the peak went over the budget. None
-    where that order does not run on `graph`."""
+    attention mask was kept through the backward and the peak went over the budget. Where
+    that order does not run on `graph`, its saved values that align, each recomputed once."""
     pinned = {n.name for n in graph.nodes if n.phase == FORWARD and n.pinned}
     order = [names[n] for n in schedule.backward if n in names and names[n] not in pinned]
     placed = set(order)
@@ -71,9 +74,9 @@ def in_aligned_order(
             order.insert(0 if previous is None else order.index(previous) + 1, node.name)
         previous = node.name
     carried = schedule_from_order(graph, order)
-    if check_program(graph, compile_program(graph, carried)) is not None:
-        return None
-    return carried
+    if check_program(graph, compile_program(graph, carried)) is None:
+        return carried
+    return schedule_from_saved(graph, carried_saved(schedule, graph, names))
 
 
 def closest_schedule(schedules: list[GraphSchedule], graph: Graph) -> GraphSchedule | None:
@@ -84,12 +87,16 @@ def closest_schedule(schedules: list[GraphSchedule], graph: Graph) -> GraphSched
     return schedules[best[1]] if best[0] > 0 else None
 
 
-def carried_saved(source: GraphSchedule, graph: Graph) -> set[ValueRef]:
-    """The source's saved values that exist in `graph` as forward values of the same op."""
+def carried_saved(
+    source: GraphSchedule, graph: Graph, names: dict[str, str] | None = None
+) -> set[ValueRef]:
+    """The source's saved values that exist in `graph` as forward values of the same op
+    (`names`: each aligned node's name in `graph`; None: the same names)."""
     kept: set[ValueRef] = set()
     forward = {n.name: n for n in graph.nodes if n.phase == FORWARD}
-    for name, index in source.saved:
-        node = forward.get(name)
+    for source_name, index in source.saved:
+        name = source_name if names is None else names.get(source_name)
+        node = forward.get(name) if name is not None else None
         if node is not None and index < len(node.outputs) and node.outputs[index] is not None:
             kept.add((name, index))
     return kept

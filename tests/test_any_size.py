@@ -142,7 +142,6 @@ def test_a_value_saved_for_one_reader_and_made_again_for_another_is_carried_so()
     names = aligned_names(source, graph)
     assert set(names) == {n.name for n in source.nodes}  # all but the view and its gradient
     carried = in_aligned_order(schedule, graph, names)
-    assert carried is not None
     assert carried.backward == ["grad_c", "grad_b", "grad_s", "mask", "grad_a", *traced[3:]]
     assert ("mask", 0) in carried.saved and carried.recomputed == ["mask"]
     peak = simulate(source, compile_program(source, schedule)).peak_bytes
