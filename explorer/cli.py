@@ -200,6 +200,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     import time
 
+    from explorer.solvers.registry import search_seconds
+
+    search_seconds()  # a bad $REMAT_EXPLORER_SEARCH_SECONDS: refused before any work
     plan = _planner(args)
     out = Path(args.out)
     started = time.perf_counter()

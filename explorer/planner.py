@@ -38,7 +38,7 @@ from explorer.progress import CancelToken, ProgressFn, report
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
-from explorer.solvers.registry import make_solver
+from explorer.solvers.registry import make_solver, search_seconds
 from explorer.step import StepSolver
 from explorer.stepcost import CAPTURED_AT_EVERY_CALL, StepTimes, measure_step_times
 from explorer.sweep import Front, sweep_budgets
@@ -265,6 +265,7 @@ class Planner:
         key = (self.solver_name, time_limit)
         self._last_key = key
         if key not in self._solvers:
+            search_seconds()  # a bad $REMAT_EXPLORER_SEARCH_SECONDS refused before profiling
             profile = self.profile(cancel=cancel)
             graphs = self.capture()
             assert self._captured is not None

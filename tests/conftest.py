@@ -4,12 +4,10 @@ tests about exactness rather than the solver's quality."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
-from explorer.solvers import registry
+from explorer.solvers.registry import SEARCH_SECONDS
 
 QUICK_SEARCH_TOTAL = 8.0  # CBC seconds a quick_search sweep refines with, all budgets together
 
@@ -23,11 +21,12 @@ def _one_thread():
 @pytest.fixture
 def quick_search(monkeypatch):
     """The default solver with QUICK_SEARCH_TOTAL seconds of refinement per graph instead of
-    explorer.solve.REFINE_TOTAL (45 s, which every sweep of a large step spends). Its
-    schedules come from the same table and the same refinement, less polished: for tests
-    that verify what a schedule does, not how good it is (tests/test_solver_quality.py)."""
-    chain = functools.partial(registry.SOLVERS["chain"], refine_total=QUICK_SEARCH_TOTAL)
-    monkeypatch.setitem(registry.SOLVERS, "chain", chain)
+    explorer.solve.REFINE_TOTAL (45 s, which every sweep of a large step spends), through
+    the environment (explorer.solvers.registry.SEARCH_SECONDS), so that the command lines and
+    examples a test starts get it too. Its schedules come from the same table and the same
+    refinement, less polished: for tests that verify what a schedule does, not how good it
+    is (tests/test_solver_quality.py)."""
+    monkeypatch.setenv(SEARCH_SECONDS, str(QUICK_SEARCH_TOTAL))
 
 
 def pytest_collection_modifyitems(config, items):

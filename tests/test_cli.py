@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import QUICK_SEARCH_TOTAL
 
 from explorer import sweep
 from explorer.cli import build_parser, main
 from explorer.errors import UserError
+from explorer.solvers.registry import SEARCH_SECONDS
 from explorer.units import format_seconds, least_fraction, parse_budget
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,14 +33,14 @@ def _env() -> dict[str, str]:
 
 
 def cli(
-    *args: str, cwd: Path | None = None, umask: int | None = None
+    *args: str, cwd: Path | None = None, umask: int | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "explorer.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=_env(),
+        env={**_env(), **(env or {})},
         timeout=900,
         preexec_fn=None if umask is None else (lambda: os.umask(umask)),
     )
@@ -55,6 +57,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> Path:
+    """resnet18's front from the command line, refined as quick_search's (tests/conftest.py):
+    the tests that read it are about the files and the command line, not the front's quality."""
     out = tmp_path_factory.mktemp("sweep")
     result = cli(
         "sweep",
@@ -70,6 +74,7 @@ def swept(tmp_path_factory) -> Path:
         "8",
         "--out",
         str(out),
+        env={SEARCH_SECONDS: str(QUICK_SEARCH_TOTAL)},
     )
     assert result.returncode == 0, result.stderr
     assert "predicted peak" in result.stdout
@@ -381,7 +386,7 @@ def _export_and_verify_to_the_byte(out: Path, budget: str) -> None:
     assert peak["measured"] == peak["predicted"]
 
 
-def test_a_sweep_for_gradient_accumulation_exports_and_verifies(tmp_path):
+def test_a_sweep_for_gradient_accumulation_exports_and_verifies(tmp_path, quick_search):
     # catches: --gradients-held lost between the sweep, the exported file and verify (which
     # then measures a step without them against a prediction with them)
     args = ["--model", "sample:tiny_cnn", "--batch-size", "2", "--input-size", "16"]
@@ -392,7 +397,7 @@ def test_a_sweep_for_gradient_accumulation_exports_and_verifies(tmp_path):
     _export_and_verify_to_the_byte(tmp_path, "0.9")
 
 
-def test_a_sweep_with_a_named_loss_exports_and_verifies(tmp_path):
+def test_a_sweep_with_a_named_loss_exports_and_verifies(tmp_path, quick_search):
     # catches: --loss lost between the sweep, the exported file and the command line's
     # verify (which cannot be handed a Python loss, so it rebuilds the named one); a profile
     # measured with the loss reused for a step without it
@@ -489,6 +494,30 @@ def test_a_time_limit_that_is_not_a_positive_number(capsys, tmp_path, value):
 def test_points_below_two_are_refused_before_any_work(capsys, tmp_path):
     args = ["sweep", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(tmp_path)]
     assert_refused(capsys, [*args, "--points", "1"], "at least 2 points")
+
+
+def test_search_seconds_are_read_from_the_environment(monkeypatch):
+    from explorer.solve import REFINE_TOTAL
+    from explorer.solvers.registry import search_seconds
+
+    monkeypatch.delenv(SEARCH_SECONDS, raising=False)
+    assert search_seconds() == REFINE_TOTAL
+    for text, seconds in [(" 12.5 ", 12.5), ("0", 0.0), ("", REFINE_TOTAL)]:
+        monkeypatch.setenv(SEARCH_SECONDS, text)
+        assert search_seconds() == seconds
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
+def test_search_seconds_that_are_not_a_number_are_refused_before_any_work(
+    capsys, monkeypatch, tmp_path, value
+):
+    # catches: a bad $REMAT_EXPLORER_SEARCH_SECONDS read only when the solver is made, after
+    # the model was built and profiled (or taken as a time, -1 or inf, by CBC)
+    monkeypatch.setenv(SEARCH_SECONDS, value)
+    out = tmp_path / "out"
+    args = ["sweep", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(out)]
+    assert_refused(capsys, args, SEARCH_SECONDS, "0 or more")
+    assert not out.exists()
 
 
 def _default_sigint() -> None:

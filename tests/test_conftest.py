@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import conftest
@@ -32,3 +34,12 @@ def test_quick_search_reaches_the_solver_a_planner_builds(quick_search) -> None:
     solver = planner("sample:tiny_mlp", 2, None).solver()
     assert [s.refine_left for s in solver.solvers] == [conftest.QUICK_SEARCH_TOTAL]
     assert conftest.QUICK_SEARCH_TOTAL < REFINE_TOTAL
+
+
+def test_quick_search_reaches_the_processes_a_test_starts(quick_search) -> None:
+    # catches: a quick_search that only patches this process, so that the command lines and
+    # the docs' examples the tests run would spend the full refinement (CI: +3 minutes)
+    code = "from explorer.solvers.registry import search_seconds; print(search_seconds())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) == conftest.QUICK_SEARCH_TOTAL

@@ -300,7 +300,7 @@ def test_padded_batches_of_every_length_train_exactly_under_one_capture(make, qu
 
 
 @pytest.mark.parametrize("make", [_bert, _gpt2], ids=["bert", "gpt2"])
-def test_a_transformers_model_is_planned_for_a_gpu_without_running(make):
+def test_a_transformers_model_is_planned_for_a_gpu_without_running(make, quick_search):
     # catches: the capture's eager first call run on meta tensors, which fails where
     # transformers reads a mask's values (it skips those checks when Dynamo traces), so that
     # no transformers model could be planned for a device by name

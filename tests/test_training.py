@@ -356,7 +356,7 @@ class _MoCo(nn.Module):
         return nn.functional.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long))
 
 
-def test_moco_is_planned_left_as_it_was_and_measured_to_the_byte():
+def test_moco_is_planned_left_as_it_was_and_measured_to_the_byte(quick_search):
     # catches: planning's runs leaving the key encoder moved on; verify's meter counting the
     # new key encoder but not the release of the old (+2.6% over the prediction, FAILED)
     torch.manual_seed(0)

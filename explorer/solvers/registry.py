@@ -2,7 +2,8 @@
 benchmarks and the tests all build them here.
 
 - "chain" (the default): the chain of stages and its table, refined per budget for a few
-  seconds (explorer.solve.REFINE_TOTAL for all budgets of one graph together) with the
+  seconds (explorer.solve.REFINE_TOTAL for all budgets of one graph together, or what the
+  environment's REMAT_EXPLORER_SEARCH_SECONDS says: see `search_seconds`) with the
   whole-step MILP when the step is small enough for it, or with windows of it up to
   explorer.solve.MAX_WINDOWED_SIZE binaries; above, only its least peak (and the fastest
   schedule at it) is searched with windows.
@@ -13,17 +14,42 @@ benchmarks and the tests all build them here.
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable
 
 from explorer.errors import UserError
 from explorer.graph import Graph
 from explorer.profile import Profile
-from explorer.solve import Solver
+from explorer.solve import REFINE_TOTAL, Solver
 
 EXACT_SECONDS = 60.0
+# the default solver's refinement time per graph, all budgets together, where the caller
+# gives none: the command line, the dashboard and a Planner all read it, and so do the
+# processes they start (a quicker sweep in a user's CI, a longer one overnight)
+SEARCH_SECONDS = "REMAT_EXPLORER_SEARCH_SECONDS"
+
+
+def search_seconds() -> float:
+    """The default solver's refinement seconds per graph: $REMAT_EXPLORER_SEARCH_SECONDS
+    where set (0 keeps the table's answers), else explorer.solve.REFINE_TOTAL."""
+    text = os.environ.get(SEARCH_SECONDS, "").strip()
+    if not text:
+        return REFINE_TOTAL
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise UserError(
+            f"{SEARCH_SECONDS}={text!r} is not a number of seconds: give 0 or more "
+            f"(the default solver's refinement time per graph; {REFINE_TOTAL:g} when unset)"
+        )
+    return seconds
 
 
 def _chain(graph: Graph, profile: Profile, time_limit: float | None, **kw) -> Solver:
+    kw.setdefault("refine_total", search_seconds())
     return Solver(graph, profile, time_limit=time_limit, **kw)
 
 
