@@ -258,8 +258,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"{format_bytes(front.baseline_peak_bytes)}; "
         f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}"
     )
-    if front.points and front.points[0].predicted_peak_bytes >= front.baseline_peak_bytes:
-        print("no schedule found has a lower peak than no recomputation")
+    reason = front.nothing_lower()
+    if reason:
+        print(reason)
     return 0
 
 

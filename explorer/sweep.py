@@ -89,6 +89,20 @@ class Front:
         chosen.context = self.context
         return chosen
 
+    def nothing_lower(self) -> str | None:
+        """Why the front stops at no recomputation, in words, where no point has a lower peak
+        (None otherwise): how much of that peak is the floor every schedule holds, so that a
+        user sees whether the step has activations worth planning at this size."""
+        if any(p.predicted_peak_bytes < self.baseline_peak_bytes for p in self.points):
+            return None
+        peak, floor = self.baseline_peak_bytes, min(self.fixed_bytes, self.baseline_peak_bytes)
+        return (
+            f"no schedule found has a lower peak than no recomputation: {format_bytes(floor)} "
+            f"of its {format_bytes(peak)} ({floor / peak:.0%}) are parameters, buffers, inputs "
+            "and parameter gradients, which every schedule holds; a larger batch or input "
+            "gives recomputation more to save"
+        )
+
     def to_dict(self) -> dict:
         return {
             "schema": SCHEMA,

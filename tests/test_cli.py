@@ -21,7 +21,7 @@ from explorer import sweep
 from explorer.cli import build_parser, main
 from explorer.errors import UserError
 from explorer.solvers.registry import SEARCH_SECONDS
-from explorer.units import format_seconds, least_fraction, parse_budget
+from explorer.units import format_bytes, format_seconds, least_fraction, parse_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -715,7 +715,14 @@ def test_a_front_of_one_point_is_said_so(capsys, tmp_path):
     rows = [line for line in out.splitlines() if line.rstrip().endswith("optimal")]
     assert len(rows) == 1
     assert "front: 1 Pareto point;" in out
-    assert "no schedule found has a lower peak than no recomputation" in out
+    front = json.loads((tmp_path / "front.json").read_text())["baseline"]
+    floor, peak = front["fixed_bytes"], front["peak_bytes"]
+    assert 0 < floor < peak
+    assert (
+        "no schedule found has a lower peak than no recomputation: "
+        f"{format_bytes(floor)} of its {format_bytes(peak)} ({floor / peak:.0%}) are "
+        "parameters, buffers, inputs and parameter gradients"
+    ) in out
 
 
 def test_sweep_prints_a_point_answered_again_under_its_own_heading(capsys, tmp_path, monkeypatch):

@@ -45,8 +45,8 @@ def finish(dashboard: Dashboard) -> None:
 
 
 def new_dashboard(tmp_path, **kwargs) -> Dashboard:
-    kwargs = {"batch_size": 8, "input_size": 64, "points": 5, "peers": False, **kwargs}
-    return Dashboard(spec=SPEC, export_dir=tmp_path, **kwargs)
+    defaults = {"spec": SPEC, "batch_size": 8, "input_size": 64, "points": 5, "peers": False}
+    return Dashboard(export_dir=tmp_path, **{**defaults, **kwargs})
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,20 @@ def test_profile_draws_the_baseline_point_and_timeline(tmp_path) -> None:
     line = dashboard.timeline.figure.data[TIMELINE_BASELINE]
     assert list(line.y) == pytest.approx([mib(b) for b in baseline.timeline().steps])
     assert dashboard.runner.progress.value == dashboard.runner.progress.max
+
+
+def test_a_front_of_one_point_says_why_in_the_status(tmp_path) -> None:
+    # catches: "swept 1 Pareto points ...; move the budget slider to pick one" where the
+    # slider has one stop and nothing says why (a one-sample MLP's peak is its parameters
+    # and their gradients)
+    dashboard = new_dashboard(tmp_path, spec="sample:tiny_mlp", batch_size=1, input_size=None)
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert len(dashboard.front.points) == 1
+    assert "swept 1 Pareto point in" in dashboard.status.text
+    assert dashboard.front.nothing_lower() in dashboard.status.text
+    assert "slider" not in dashboard.status.text
 
 
 def test_sweep_draws_every_front_point_with_hover_text(swept: Dashboard) -> None:

@@ -203,9 +203,11 @@ class Dashboard(ipw.VBox):
         self.pareto.keep_only(keep)
         self.budget.keep_only(keep)
         note = f"; peers not measured: {', '.join(not_measured)}" if not_measured else ""
+        pick = front.nothing_lower() or "move the budget slider to pick one"
+        count = len(front.points)
         self.status.ok(
-            f"swept {len(front.points)} Pareto points in {seconds:.1f} s; "
-            f"move the budget slider to pick one{note}{self._caveats()}"
+            f"swept {count} Pareto point{'s' if count != 1 else ''} in {seconds:.1f} s; "
+            f"{pick}{note}{self._caveats()}"
         )
 
     def _on_point(self, point: Any) -> None:
