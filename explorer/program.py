@@ -443,9 +443,7 @@ def _first_unready(instrs: list[Instr], live: set[int]) -> str | None:
 
 def baseline_schedule(graph: Graph) -> GraphSchedule:
     """Keep every forward value the backward reads; recompute nothing (what eager does)."""
-    backward = [n.name for n in graph.nodes if n.phase == BACKWARD]
-    forward = {n.name for n in graph.nodes if n.phase == FORWARD}
-    return _schedule(graph, read_before_made(graph, backward, forward), backward)
+    return schedule_from_order(graph, [n.name for n in graph.nodes if n.phase == BACKWARD])
 
 
 def schedule_from_saved(graph: Graph, keep: set[ValueRef]) -> GraphSchedule:
@@ -475,19 +473,15 @@ def schedule_from_saved(graph: Graph, keep: set[ValueRef]) -> GraphSchedule:
             for ref in node.inputs:
                 make(ref)
             order.append(node.name)
-    return _schedule(graph, read_before_made(graph, order, set(forward)), order)
+    return schedule_from_order(graph, order)
 
 
 def schedule_from_order(graph: Graph, order: list[str]) -> GraphSchedule:
     """The schedule that runs `order` as its backward (its backward operators and the forward
     ones it makes again, as often as it names them), saving what it reads before making."""
     forward = {n.name for n in graph.nodes if n.phase == FORWARD}
-    return _schedule(graph, read_before_made(graph, order, forward), order)
-
-
-def _schedule(graph: Graph, saved: list[ValueRef], backward: list[str]) -> GraphSchedule:
-    forward = {n.name for n in graph.nodes if n.phase == FORWARD}
-    recomputed = list(dict.fromkeys(name for name in backward if name in forward))
+    saved = read_before_made(graph, order, forward)
+    recomputed = list(dict.fromkeys(name for name in order if name in forward))
     return GraphSchedule(
-        graph.fingerprint(), saved, backward, recomputed=recomputed, structure=graph.structure()
+        graph.fingerprint(), saved, order, recomputed=recomputed, structure=graph.structure()
     )
