@@ -78,7 +78,8 @@ class ModelPicker(ipw.HBox):
             options=list(LOSSES),
             value="gradient per output",
             description="backward from",
-            layout={"width": "290px"},
+            style={"description_width": "initial"},  # the default width cuts the label
+            layout={"width": "300px"},
         )
         self.accumulate = ipw.Checkbox(
             value=False, description="gradients held (accumulation)", indent=False
