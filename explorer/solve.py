@@ -563,6 +563,7 @@ class Solver:
                 learn=not chosen,
                 whole_runs=self.whole_runs,
                 parallel=True,
+                follow_peak=self.least_only,
             )
         return self.refiner
 

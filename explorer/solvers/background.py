@@ -168,7 +168,9 @@ def _serve(milp: StepMilp, simulate: Simulate, conn: Connection) -> None:
     def simulated(windows: Windows) -> GraphSchedule:
         return simulate(windows, baseline.predicted_seconds)
 
-    refiner = Refiner(milp, simulated, answers.add, whole_runs=False, parallel=True)
+    refiner = Refiner(
+        milp, simulated, answers.add, whole_runs=False, parallel=True, follow_peak=True
+    )
     lean_seconds, fastest_seconds = map(float, asked["seconds"])
     search_least_peak(refiner, answers, lean_seconds, fastest_seconds)
     reply = {
