@@ -335,6 +335,44 @@ def test_a_window_model_never_counts_less_than_simulate(size, seed):
     assert checked >= 20
 
 
+def _rows(model: pulp.LpProblem) -> list[tuple]:
+    """A model's rows in order: terms by variable name, constant, sense."""
+    return [
+        (tuple((x.name, c) for x, c in row.items()), row.constant, row.sense)
+        for row in model.constraints()
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 2, 9, 35])
+def test_a_window_reads_term_by_term_only_the_folded_stages_that_hold_what_it_frees(seed):
+    # a window folds each stage outside it into one row, reading term by term only those
+    # whose entry or releases hold a variable it leaves free or ties (_stages_holding).
+    # catches: an index that leaves out a release's availability (seeds 0 and 9: the window
+    # may then keep a storage a fixed release lets go) or an entry (seed 35: a stage whose
+    # entry holds a tied availability and none of its releases does), checked against
+    # reading every stage
+    graph, profile = random_step(random.Random(seed), 14)
+    solver = make_solver("table", graph, profile)
+    milp, space = solver.milp, solver.space
+    compared = 0
+    for known in solver.known():
+        start = space.windows_of(known)
+        if start is None:
+            continue
+        milp.use_budget(known.predicted_peak_bytes)
+        for first in range(milp.n):
+            free = range(first, first + 2)
+            milp.set_start(start)
+            indexed = _rows(milp._neighbourhood(free, None))
+            milp.set_start(start)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(milp, "_stages_holding", lambda held: set(range(milp.n)))
+                read_whole = _rows(milp._neighbourhood(free, None))
+            assert indexed == read_whole, (first, start)
+            compared += 1
+    assert compared >= 8, compared
+
+
 def _every_availability_free(milp, free: range) -> pulp.LpProblem:
     """Window `free`'s model (every operator free) without ties: the availability of each
     storage the window touches free at every stage."""
