@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 
 import pytest
@@ -13,6 +14,8 @@ import explorer
 from explorer.errors import UserError
 from explorer.models import build
 from explorer.verify import _peak_row, compare, training_step
+
+verify_module = sys.modules["explorer.verify"]  # `explorer.verify` is the function
 
 
 def test_a_missing_gradient_fails_its_row():
@@ -159,6 +162,31 @@ def test_verify_never_runs_the_file(tmp_path):
     report = explorer.verify(path, model=plan.model, example_inputs=plan.example_inputs)
     assert report.ok, report.format_table()
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_the_table_says_when_the_timed_rounds_disagree(tmp_path, monkeypatch, noisy):
+    # catches: a measured overhead printed as a fact whatever the rounds' spread
+    # (efficientnet_b0 read -34% while two test workers ran, with no word of it)
+    schedule_seconds = iter([1.5, 1.0, 0.9] if noisy else [1.06, 1.05, 1.04])
+    timed = []
+
+    def scripted(step, device="cpu"):
+        step()
+        timed.append(1.0 if len(timed) % 2 == 0 else next(schedule_seconds))
+        return timed[-1]
+
+    monkeypatch.setattr(verify_module, "time_step", scripted)
+    plan = planner("sample:tiny_mlp", 4, None)
+    path = plan.baseline().export(tmp_path / "mlp.py")
+    report = explorer.verify(path, model=plan.model, example_inputs=plan.example_inputs)
+    lowest, highest = (-0.1, 0.5) if noisy else (0.04, 0.06)
+    assert report.measurements["overhead, lowest round"] == pytest.approx(lowest)
+    assert report.measurements["overhead, highest round"] == pytest.approx(highest)
+    assert report.measurements["overhead, measured"] == pytest.approx(0.0 if noisy else 0.05)
+    table = report.format_table()
+    assert ("timing is noisy" in table) == noisy, table
+    assert report.ok, table  # a noisy clock fails no check
 
 
 def test_verify_to_a_path_never_replaces_another_file(tmp_path):
