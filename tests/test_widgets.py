@@ -213,6 +213,31 @@ def test_a_failed_row_shows_as_not_verified(tmp_path, monkeypatch) -> None:
     assert panel.runner.status.kind == "error" and "NOT verified" in panel.runner.status.text
 
 
+@pytest.mark.parametrize("spread", [0.02, 0.30])
+def test_the_verify_table_shows_the_measured_overhead_and_a_noisy_timing(
+    tmp_path, monkeypatch, spread
+) -> None:
+    # catches: a panel that shows the checks but never the step's measured overhead beside
+    # the predicted one, or that leaves out verify's word that the timing is noisy
+    rows = [VerifyRow("outputs", "bitwise equal", "equal", True)]
+    measurements = {
+        "overhead, measured": 0.12,
+        "overhead, lowest round": 0.10,
+        "overhead, highest round": 0.10 + spread,
+        "overhead, predicted": 0.09,
+    }
+    report = VerifyReport("x.py", rows, measurements)
+    monkeypatch.setattr(explorer, "verify", lambda *_, **__: report)
+    panel = VerifyPanel(tmp_path / "made_up.py")
+    panel.verify_button.click()
+    assert panel.runner.wait(JOB_TIMEOUT_S)
+    table = panel.table.value
+    high = f"{0.10 + spread:+.1%}"
+    assert f"step time: +12.0% measured (rounds +10.0% to {high}), +9.0% predicted" in table
+    assert ("timing is noisy" in table) == (spread > 0.10), table
+    assert "NOT" not in table
+
+
 def test_neighbouring_points_export_to_different_files(swept: Dashboard) -> None:
     # 2.77 and 3.02 MiB both used to become model_3MiB.py, the second replacing the first.
     # catches: a suggested name that rounds the peak coarsely or ignores the files there

@@ -45,7 +45,29 @@ def report_table(report: Any) -> str:
     return (
         f"<b>{verdict}</b>"
         f"<table class='remat-verify-table' style='border-collapse:collapse'>{body}</table>"
+        + timing_lines(report.measurements)
     )
+
+
+def timing_lines(measurements: dict[str, float]) -> str:
+    """The measured overhead of the step beside the predicted one, with the spread of the
+    timed rounds and, when they disagree, verify's word that the timing is noisy: the
+    cost model's check, as a measurement ('' for a report without timings)."""
+    from explorer.verify import HIGHEST_ROUND, LOWEST_ROUND, timing_note
+
+    measured = measurements.get("overhead, measured")
+    predicted = measurements.get("overhead, predicted")
+    if measured is None or predicted is None:
+        return ""
+    text = f"step time: {measured:+.1%} measured"
+    if LOWEST_ROUND in measurements and HIGHEST_ROUND in measurements:
+        low, high = measurements[LOWEST_ROUND], measurements[HIGHEST_ROUND]
+        text += f" (rounds {low:+.1%} to {high:+.1%})"
+    lines = [text + f", {predicted:+.1%} predicted"]
+    noisy = timing_note(measurements)
+    if noisy is not None:
+        lines.append(noisy)
+    return "".join(f"<div class='remat-verify-timing'>{html.escape(line)}</div>" for line in lines)
 
 
 class VerifyPanel(ipw.VBox):
