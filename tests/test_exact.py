@@ -335,6 +335,21 @@ def test_a_window_model_never_counts_less_than_simulate(size, seed):
     assert checked >= 20
 
 
+def _table_windows(seed: int):
+    """A random step's MILP with each schedule its table knows as the start and each stage as
+    a window's first, the budget that schedule's peak: (milp, start, first) in turn."""
+    graph, profile = random_step(random.Random(seed), 14)
+    solver = make_solver("table", graph, profile)
+    milp = solver.milp
+    for known in solver.known():
+        start = solver.space.windows_of(known)
+        if start is None:
+            continue
+        milp.use_budget(known.predicted_peak_bytes)
+        for first in range(milp.n):
+            yield milp, start, first
+
+
 def _rows(model: pulp.LpProblem) -> list[tuple]:
     """A model's rows in order: terms by variable name, constant, sense."""
     return [
@@ -351,25 +366,17 @@ def test_a_window_reads_term_by_term_only_the_folded_stages_that_hold_what_it_fr
     # may then keep a storage a fixed release lets go) or an entry (seed 35: a stage whose
     # entry holds a tied availability and none of its releases does), checked against
     # reading every stage
-    graph, profile = random_step(random.Random(seed), 14)
-    solver = make_solver("table", graph, profile)
-    milp, space = solver.milp, solver.space
     compared = 0
-    for known in solver.known():
-        start = space.windows_of(known)
-        if start is None:
-            continue
-        milp.use_budget(known.predicted_peak_bytes)
-        for first in range(milp.n):
-            free = range(first, first + 2)
-            milp.set_start(start)
-            indexed = _rows(milp._neighbourhood(free, None))
-            milp.set_start(start)
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(milp, "_stages_holding", lambda held: set(range(milp.n)))
-                read_whole = _rows(milp._neighbourhood(free, None))
-            assert indexed == read_whole, (first, start)
-            compared += 1
+    for milp, start, first in _table_windows(seed):
+        free = range(first, first + 2)
+        milp.set_start(start)
+        indexed = _rows(milp._neighbourhood(free, None))
+        milp.set_start(start)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(milp, "_stages_holding", lambda held, n=milp.n: set(range(n)))
+            read_whole = _rows(milp._neighbourhood(free, None))
+        assert indexed == read_whole, (first, start)
+        compared += 1
     assert compared >= 8, compared
 
 
@@ -393,27 +400,19 @@ def test_tied_availability_leaves_a_window_its_best_schedule(seed):
     # there, to its availability entering the window, and fixes it after the window.
     # catches: a tie across a read or a remaking (the window loses schedules, or its start),
     # and availability fixed inside the window; each window solved whole both ways
-    graph, profile = random_step(random.Random(seed), 14)
-    solver = make_solver("table", graph, profile)
-    milp, space = solver.milp, solver.space
     compared = fewer = 0
-    for known in solver.known():
-        start = space.windows_of(known)
-        if start is None:
-            continue
-        milp.use_budget(known.predicted_peak_bytes)
-        for first in range(milp.n):
-            free = range(first, first + 3)
-            milp.set_start(start)
-            tied_model = milp._neighbourhood(free, None)
-            tied = cbc.solve(tied_model, None, warm_start=True)
-            milp.set_start(start)
-            loose_model = _every_availability_free(milp, free)
-            loose = cbc.solve(loose_model, None, warm_start=True)
-            assert tied.optimal and loose.optimal, (first, start)
-            assert tied.objective == pytest.approx(loose.objective, abs=1e-9), (first, start)
-            compared += 1
-            fewer += len(tied_model.variables()) < len(loose_model.variables())
+    for milp, start, first in _table_windows(seed):
+        free = range(first, first + 3)
+        milp.set_start(start)
+        tied_model = milp._neighbourhood(free, None)
+        tied = cbc.solve(tied_model, None, warm_start=True)
+        milp.set_start(start)
+        loose_model = _every_availability_free(milp, free)
+        loose = cbc.solve(loose_model, None, warm_start=True)
+        assert tied.optimal and loose.optimal, (first, start)
+        assert tied.objective == pytest.approx(loose.objective, abs=1e-9), (first, start)
+        compared += 1
+        fewer += len(tied_model.variables()) < len(loose_model.variables())
     assert compared >= 20 and fewer >= compared // 4, (compared, fewer)
 
 
