@@ -16,7 +16,9 @@ none was computed: a step too large for the whole-step MILP).
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -215,21 +217,47 @@ class Solver:
     # -- preparation -------------------------------------------------------------------------
 
     def _stage_options(self, time_limit, progress, cancel) -> list[list[StageOption]]:
+        """Each stage's menu of options. Stages the cache does not hold are solved side by
+        side, one CBC process per core (each stage ILP is a separate problem: its answer
+        does not depend on the others or on the order they finish in)."""
         problems = [build_problem(self.chain, st, self.seconds) for st in self.chain.stages]
-        solved: dict[str, tuple[StageProblem, list[StageOption]]] = {}
         distinct = list({p.signature: p for p in problems}.values())
         self._distinct, self._ilps = len(distinct), 0
-        for k, problem in enumerate(distinct):
-            check_cancel(cancel)
-            solved[problem.signature] = (problem, self._stage_menu(problem, time_limit))
-            report(progress, k + 1, len(distinct), f"stage ILPs {k + 1}/{len(distinct)}")
-        return [_translate(solved[p.signature], p) for p in problems]
+        keys = {p.signature: self._menu_key(p, time_limit) for p in distinct}
+        solved: dict[str, list[StageOption]] = {}
+        for problem in distinct:
+            menu = self._cached_menu(problem, keys[problem.signature])
+            if menu is not None:
+                solved[problem.signature] = menu
+        reported = len(solved)
+        report(progress, reported, len(distinct), f"stage ILPs {reported}/{len(distinct)}")
+        to_solve = [p for p in distinct if p.signature not in solved]
+        busy = 1 if self.background is not None else 0  # its core stays its own
+        with ThreadPoolExecutor(max_workers=stage_workers(len(to_solve), busy)) as pool:
+            running = {pool.submit(_solve_stage, p, time_limit): p for p in to_solve}
+            try:
+                for future in as_completed(running):
+                    check_cancel(cancel)
+                    problem = running[future]
+                    options, ilps = future.result()
+                    self._ilps += ilps
+                    solved[problem.signature] = options
+                    reported += 1
+                    report(
+                        progress, reported, len(distinct), f"stage ILPs {reported}/{len(distinct)}"
+                    )
+            finally:
+                for future in running:  # cancelled or failed: start no more of them
+                    future.cancel()
+        for problem in to_solve:  # in the stages' order, whatever order they finished in
+            menu = [_option_to_local(problem, o) for o in solved[problem.signature]]
+            self.cache.put_stage_menu(keys[problem.signature], menu)
+        return [_translate((p, solved[p.signature]), p) for p in problems]
 
-    def _stage_menu(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
-        """The stage's options: from the cache when the same stage with the same operator
-        seconds was solved before, else from its ILPs (then cached)."""
+    def _menu_key(self, problem: StageProblem, time_limit: float | None) -> str:
+        """The cache key of a stage's menu: the stage, its operators' seconds, the limits."""
         stage = problem.stage
-        key = digest(
+        return digest(
             [
                 problem.signature,
                 [self.seconds.get(n, 0.0) for n in stage.forward + stage.backward],
@@ -237,30 +265,17 @@ class Solver:
                 KEEP_FRACTIONS,
             ]
         )
-        menu = self.cache.stage_menu(key)
-        if menu is not None:
-            try:
-                return [_option_from_local(problem, o) for o in menu]
-            except (KeyError, IndexError, TypeError, ValueError):
-                pass  # a damaged entry: solve again
-        options = self._solve_stage(problem, time_limit)
-        self.cache.put_stage_menu(key, [_option_to_local(problem, o) for o in options])
-        return options
 
-    def _solve_stage(self, problem: StageProblem, time_limit: float | None) -> list[StageOption]:
-        keep_all = keep_all_option(problem)
-        options = [keep_all]
-        if keep_all.keep_bytes == 0:
-            return options
-        for fraction in KEEP_FRACTIONS:
-            self._ilps += 1
-            option = solve_option(problem, int(keep_all.keep_bytes * fraction), time_limit)
-            if option is None:
-                continue
-            key = (option.keep_bytes, round(option.redo_seconds, 9), option.peak_bytes)
-            if all(key != (o.keep_bytes, round(o.redo_seconds, 9), o.peak_bytes) for o in options):
-                options.append(option)
-        return options
+    def _cached_menu(self, problem: StageProblem, key: str) -> list[StageOption] | None:
+        """The stage's options when the same stage with the same operator seconds was solved
+        before (None when not, or when the entry is damaged: then it is solved again)."""
+        menu = self.cache.stage_menu(key)
+        if menu is None:
+            return None
+        try:
+            return [_option_from_local(problem, o) for o in menu]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
 
     def _build_table(self) -> ChainTable:
         """The chain table over a span that reaches at least one schedule: its count is
@@ -712,3 +727,31 @@ def _option_from_local(problem: StageProblem, data: dict) -> StageOption:
         status=str(data["status"]),
         gap=float(data["gap"]),
     )
+
+
+def stage_workers(stages: int, busy: int = 0) -> int:
+    """Threads that run stage ILPs side by side: one per core this process may use (each
+    waits on its own CBC process) but the `busy` ones (a background search's), no more than
+    there are stages to solve, and at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores - busy, stages))
+
+
+def _solve_stage(problem: StageProblem, time_limit: float | None) -> tuple[list[StageOption], int]:
+    """The stage's options: keeping everything, and the ILP's answer under each share of
+    that memory (duplicates dropped); with the number of ILPs solved."""
+    keep_all = keep_all_option(problem)
+    options = [keep_all]
+    if keep_all.keep_bytes == 0:
+        return options, 0
+    for fraction in KEEP_FRACTIONS:
+        option = solve_option(problem, int(keep_all.keep_bytes * fraction), time_limit)
+        if option is None:
+            continue
+        key = (option.keep_bytes, round(option.redo_seconds, 9), option.peak_bytes)
+        if all(key != (o.keep_bytes, round(o.redo_seconds, 9), o.peak_bytes) for o in options):
+            options.append(option)
+    return options, len(KEEP_FRACTIONS)

@@ -254,6 +254,57 @@ def test_identical_stages_are_solved_once():
     assert setup.distinct_stages < setup.stages
 
 
+def test_stage_ilps_solved_side_by_side_give_each_stage_its_own_menu(monkeypatch):
+    # catches: menus given to stages in the order their ILPs finish (here the reverse of the
+    # order they start) rather than by stage, ILPs miscounted, and progress that skips or
+    # ends short of its total
+    plan = planner("resnet18", 2, 32)
+    graph, profile = plan.capture()[0], plan.profile().graphs[0]
+    solve_stage = solve._solve_stage
+    started: list[str] = []
+
+    def last_started_ends_first(problem, time_limit):
+        started.append(problem.signature)
+        time.sleep(0.3 / len(started))
+        return solve_stage(problem, time_limit)
+
+    monkeypatch.setattr(solve, "_solve_stage", last_started_ends_first)
+    cores, busy = solve.stage_workers, []
+    assert cores(3) <= 3 and cores(0) == cores(1, 99) == 1
+    made, seen = {}, []
+    for workers in (1, 4):
+        monkeypatch.setattr(
+            solve, "stage_workers", lambda n, b=0, w=workers: busy.append(b) or min(w, max(n, 1))
+        )
+        seen.clear()
+        solver = make_solver("table", graph, profile, progress=lambda k, n, _m: seen.append((k, n)))
+        menus = [
+            [(o.keep, o.redo, o.keep_bytes, o.peak_bytes, o.redo_seconds) for o in options]
+            for options in solver.options
+        ]
+        distinct = solver.setup.distinct_stages
+        assert seen == [(k, distinct) for k in range(distinct + 1)]
+        made[workers] = (menus, solver.setup.ilps, solver.known())
+    assert made[4] == made[1] and made[1][1] > 0 and busy == [0, 0]
+    # a large step's search in a second process (where there is a second core) keeps a
+    # core of its own
+    monkeypatch.setattr(solve, "MAX_WINDOWED_SIZE", 0)
+    large = make_solver("chain", graph, profile, max_refine_size=0)
+    assert busy[-1] == (0 if large.background is None else 1)
+    if large.background is not None:
+        large.background.close()
+    # cancelled after the first menu: the ILPs not yet started are not started
+    token, started[:] = CancelToken(), []
+
+    def cancel_after_one(k: int, _n: int, _m: str) -> None:
+        if k == 1:
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        make_solver("table", graph, profile, cancel=token, progress=cancel_after_one)
+    assert len(started) <= distinct // 2  # 6 of 35 when written
+
+
 # -- the cache beside the profile ------------------------------------------------------------
 
 

@@ -24,6 +24,12 @@ from pathlib import Path
 
 import pulp
 
+# PuLP 3.3 warns at every command made that its bundled CBC moves to an extra in 4.0. One
+# filter for that message, set once: `warnings.catch_warnings` around each run would swap the
+# process's filters from every thread that solves (stage ILPs run side by side), and threads
+# that restore them out of order leave them changed
+warnings.filterwarnings("ignore", message="PULP_CBC_CMD is deprecated", category=DeprecationWarning)
+
 
 @dataclass
 class Outcome:
@@ -45,12 +51,10 @@ def solve(
     try:
         solver = command(time_limit, warm_start, relax, log_path)
         solver.tmpDir = str(folder)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                prob.solve(solver)
-            except pulp.PulpSolverError:
-                return Outcome(False, False, None, None)
+        try:
+            prob.solve(solver)
+        except pulp.PulpSolverError:
+            return Outcome(False, False, None, None)
         text = log_path.read_text(encoding="utf-8", errors="replace")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -66,16 +70,14 @@ def command(
 ) -> pulp.PULP_CBC_CMD:
     """PuLP's CBC command for one run: serial (no `-threads`: see the module docstring),
     elapsed-time limit, log kept for the proven bound."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # PuLP 3.3 warns the bundled CBC moves in 4.0
-        return pulp.PULP_CBC_CMD(
-            msg=False,
-            timeLimit=time_limit,
-            warmStart=warm_start,
-            logPath=str(log_path),
-            mip=not relax,
-            timeMode="elapsed",
-        )
+    return pulp.PULP_CBC_CMD(
+        msg=False,
+        timeLimit=time_limit,
+        warmStart=warm_start,
+        logPath=str(log_path),
+        mip=not relax,
+        timeMode="elapsed",
+    )
 
 
 def _proven_bound(log: str) -> float | None:
