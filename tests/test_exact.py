@@ -26,7 +26,9 @@ from explorer.solvers import cbc
 from explorer.solvers.refine import Refiner
 from explorer.solvers.registry import make_solver
 
-pytestmark = pytest.mark.serial  # timed searches: alone, after the others (scripts/test.sh)
+# the tests whose answers depend on a CBC time limit run alone, after the others
+# (scripts/test.sh); those that solve to the end or only write models run with the others
+timed = pytest.mark.serial
 
 
 def _spine():
@@ -44,6 +46,7 @@ def _spine():
     return b.build(b.op("d", [c], 4, seconds=1.0))
 
 
+@timed
 def test_exact_finds_the_hand_computed_optimum():
     # catches: a MILP that frees a storage before its last reader (it would claim less than
     # 212 bytes) or that misses the cheaper of two recomputations (recomputing b costs 3 s)
@@ -146,6 +149,7 @@ def test_the_milp_counts_views_a_window_makes_again_for_its_own_recomputations(s
     assert exact == 1
 
 
+@timed
 def test_optimal_is_proven_against_simulated_time_views_made_again_included():
     # catches: "optimal" proven on the MILP's objective alone, which leaves out some views
     # made again: from a slow start, CBC's optimum (a1 before grad_c, 1 s to the MILP, 4 s
@@ -165,6 +169,7 @@ def test_optimal_is_proven_against_simulated_time_views_made_again_included():
     assert not refined.optimal or refined.schedule.predicted_seconds == pytest.approx(best)
 
 
+@timed
 @pytest.mark.parametrize("seed", [0, 4, 8, 11, 15, 25])
 def test_exact_matches_enumerating_the_whole_space(seed):
     # catches: any difference between the MILP's accounting and explorer.simulate (a wrong
@@ -223,6 +228,7 @@ def test_milp_counts_every_table_schedule_as_simulate_does():
     assert _count_matches(solver, solver.known()) >= 3
 
 
+@timed
 def test_time_limit_leaves_an_honest_label():
     # catches: labelling a time-limited answer "optimal" (the old solver said "optimal, gap
     # 0%" for every stage-optimal table entry)
@@ -430,6 +436,7 @@ def _tiny_cnn():  # bytes in the MILP scaled down (the random steps' are not)
     [lambda: _random_step(0), lambda: _random_step(4), lambda: _random_step(11), _tiny_cnn],
     ids=["random0", "random4", "random11", "tiny_cnn"],
 )
+@timed
 def test_one_lp_bounds_every_budget_and_never_above_its_own_lp(step):
     # catches: a bound carried from the LP at one budget to another (the peak's reduced cost)
     # with the wrong sign or scale: it would claim more than the LP at that budget proves,
@@ -452,6 +459,7 @@ def test_one_lp_bounds_every_budget_and_never_above_its_own_lp(step):
     assert carried >= 3  # bounds that do carry over (not all 0: the test would prove nothing)
 
 
+@timed
 def test_an_lp_stopped_by_its_time_limit_bounds_nothing():
     # catches: taking the objective of a simplex that CBC stopped on its time limit (PuLP
     # reports it solved) as the LP's bound: on a 2-layer GPT one stopped after 0.05 s read
