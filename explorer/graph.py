@@ -16,7 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ValueRef = tuple[str, int]
 
@@ -90,9 +94,18 @@ class Graph:
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
         self._hashes: dict[str, str] = {}  # a graph is not changed once built
+        self._derived: dict[str, Any] = {}
 
     def node(self, name: str) -> Node:
         return self._by_name[name]
+
+    def derived(self, key: str, make: Callable[[Graph], T]) -> T:
+        """`make(self)`, made once and kept under `key`: tables other modules derive from
+        the graph on every call (a graph is not changed once built). Callers must not
+        change what it returns."""
+        if key not in self._derived:
+            self._derived[key] = make(self)
+        return self._derived[key]
 
     def meta(self, ref: ValueRef) -> TensorMeta:
         meta = self._by_name[ref[0]].outputs[ref[1]]

@@ -191,12 +191,29 @@ def storage_slots(
 
 
 def _slot_table(graph: Graph) -> dict[ValueRef, int]:
+    """A slot for each tensor value, in graph order (made once per graph: `_slots`)."""
     table: dict[ValueRef, int] = {}
     for node in graph.nodes:
         for i, meta in enumerate(node.outputs):
             if meta is not None:
                 table[(node.name, i)] = len(table)
     return table
+
+
+def _node_slots(graph: Graph) -> dict[str, tuple[tuple[int, ...], tuple[int | None, ...]]]:
+    """Each node's input and output slots (None: an output that is not a tensor)."""
+    table = _slots(graph)
+    return {
+        node.name: (
+            tuple(table[r] for r in node.inputs),
+            tuple(None if m is None else table[(node.name, i)] for i, m in enumerate(node.outputs)),
+        )
+        for node in graph.nodes
+    }
+
+
+def _slots(graph: Graph) -> dict[ValueRef, int]:
+    return graph.derived("program.slot_table", _slot_table)
 
 
 def _assign_frees(instrs: list[Instr], keep: set[int], initially_live: set[int]) -> list[int]:
@@ -227,14 +244,9 @@ def _assign_frees(instrs: list[Instr], keep: set[int], initially_live: set[int])
     return sorted(set(before_first))
 
 
-def _instr(graph: Graph, table: dict[ValueRef, int], name: str, recompute: bool) -> Instr:
-    node = graph.node(name)
-    return Instr(
-        node=name,
-        in_slots=[table[r] for r in node.inputs],
-        out_slots=[None if m is None else table[(name, i)] for i, m in enumerate(node.outputs)],
-        recompute=recompute,
-    )
+def _instr(slots: dict[str, tuple[tuple, tuple]], name: str, recompute: bool) -> Instr:
+    ins, outs = slots[name]
+    return Instr(node=name, in_slots=list(ins), out_slots=list(outs), recompute=recompute)
 
 
 def compile_program(
@@ -252,7 +264,8 @@ def compile_program(
     False: profiling times each of the graph's operators."""
     schedule = prune(graph, schedule)
     handoff = handoff or Handoff()
-    table = _slot_table(graph)
+    table = _slots(graph)
+    slots = graph.derived("program.node_slots", _node_slots)
     placeholders = [
         n
         for n in graph.nodes
@@ -266,14 +279,14 @@ def compile_program(
     saved = [table[r] for r in schedule.saved]
 
     phase = {n.name: n.phase for n in graph.nodes}
-    backward = [_instr(graph, table, name, phase[name] == FORWARD) for name in schedule.backward]
+    backward = [_instr(slots, name, phase[name] == FORWARD) for name in schedule.backward]
     read_later = {s for instr in backward for s in instr.in_slots}
     bw_transient = [s for s in transient if s in read_later]
     passed_on = [table[r] for r in handoff.passed_on if table[r] not in read_later]
     saved_passed_on = [table[r] for r in handoff.passed_on if table[r] in read_later]
 
     needed = _forward_needed(graph, set(schedule.saved))
-    forward = [_instr(graph, table, n.name, False) for n in graph.nodes if n.name in needed]
+    forward = [_instr(slots, n.name, False) for n in graph.nodes if n.name in needed]
     keep_fwd = set(static) | set(saved) | set(outputs) | set(transient)
     _assign_frees(forward, keep_fwd, set(transient))
     if fuse_dropouts:

@@ -114,3 +114,22 @@ def test_dead_recomputation_is_left_out_of_the_prediction_too(captured):
     ]
     predicted = simulate(graph, program).peak_bytes
     assert _measured_peak(model, x, graph, wasteful) == predicted
+
+
+def test_programs_of_one_graph_share_its_slot_tables_not_their_instructions(captured):
+    # the slot tables are made once per graph (Graph.derived); catches: an instruction whose
+    # slot lists are the shared table's own (a program that changed them, as the fusing of
+    # dropouts or the frees do, would change the next program of that graph)
+    _, _, cap = captured
+    graph = cap.graph
+    base = baseline_schedule(graph)
+    first = compile_program(graph, base)
+    for instr in [*first.forward, *first.backward]:
+        instr.in_slots.append(-1)
+        instr.out_slots.append(-1)
+    again = compile_program(graph, base)
+    assert again.slot_of is first.slot_of
+    assert all(-1 not in i.in_slots + i.out_slots for i in [*again.forward, *again.backward])
+    made = []
+    assert graph.derived("test.once", lambda g: made.append(g) or len(made)) == 1
+    assert graph.derived("test.once", lambda g: made.append(g) or len(made)) == 1
