@@ -93,16 +93,15 @@ class Graph:
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
-        self._hashes: dict[str, str] = {}  # a graph is not changed once built
-        self._derived: dict[str, Any] = {}
+        self._derived: dict[str, Any] = {}  # see `derived`
 
     def node(self, name: str) -> Node:
         return self._by_name[name]
 
     def derived(self, key: str, make: Callable[[Graph], T]) -> T:
-        """`make(self)`, made once and kept under `key`: tables other modules derive from
-        the graph on every call (a graph is not changed once built). Callers must not
-        change what it returns."""
+        """`make(self)`, made once and kept under `key`: the graph's hashes, and tables other
+        modules derive from it on every call (a graph is not changed once built). Callers
+        must not change what it returns."""
         if key not in self._derived:
             self._derived[key] = make(self)
         return self._derived[key]
@@ -163,17 +162,13 @@ class Graph:
 
     def fingerprint(self) -> str:
         """A hash of everything that decides what the step computes and how big it is."""
-        if "fingerprint" not in self._hashes:
-            self._hashes["fingerprint"] = _digest(self.to_dict())
-        return self._hashes["fingerprint"]
+        return self.derived("fingerprint", lambda g: _digest(g.to_dict()))
 
     def structure(self) -> str:
         """A hash of the operators and their wiring, without shapes or sizes: two graphs with
         the same structure (the same model at another batch size or sequence length) have the
         same node names, so a schedule made for one applies to the other."""
-        if "structure" not in self._hashes:
-            self._hashes["structure"] = self._structure_digest()
-        return self._hashes["structure"]
+        return self.derived("structure", Graph._structure_digest)
 
     def _structure_digest(self) -> str:
         return _digest(
@@ -193,27 +188,21 @@ class Graph:
         of the graph captured at one size, in the same order, but its own node names (its
         symbolic sizes are graph inputs too, which renumbers them), so a schedule carries over
         between two graphs of one layout by position."""
-        if "layout" not in self._hashes:
-            position = {n.name: k for k, n in enumerate(self.nodes)}
-            at = lambda ref: None if ref is None else [position[ref[0]], ref[1]]  # noqa: E731
-            self._hashes["layout"] = _digest(
-                {
-                    "nodes": [
-                        [
-                            n.target,
-                            n.phase,
-                            n.role,
-                            n.random,
-                            [at(r) for r in n.inputs],
-                            len(n.outputs),
-                        ]
-                        for n in self.nodes
-                    ],
-                    "model_outputs": [at(r) for r in self.model_outputs],
-                    "input_grads": [at(r) for r in self.input_grads],
-                }
-            )
-        return self._hashes["layout"]
+        return self.derived("layout", Graph._layout_digest)
+
+    def _layout_digest(self) -> str:
+        position = {n.name: k for k, n in enumerate(self.nodes)}
+        at = lambda ref: None if ref is None else [position[ref[0]], ref[1]]  # noqa: E731
+        return _digest(
+            {
+                "nodes": [
+                    [n.target, n.phase, n.role, n.random, [at(r) for r in n.inputs], len(n.outputs)]
+                    for n in self.nodes
+                ],
+                "model_outputs": [at(r) for r in self.model_outputs],
+                "input_grads": [at(r) for r in self.input_grads],
+            }
+        )
 
     def to_dict(self) -> dict:
         return {
