@@ -258,9 +258,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"{format_bytes(front.baseline_peak_bytes)}; "
         f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}"
     )
-    reason = front.nothing_lower()
-    if reason:
-        print(reason)
+    for line in (front.floor_note(), front.nothing_lower()):
+        if line:
+            print(line)
     return 0
 
 

@@ -360,6 +360,7 @@ class Planner:
             points=found,
             setup=setup,
             runtime_factor=solver.runtime_factor,
+            peak_floor_bytes=solver.peak_floor(),
             context=self,
         )
 

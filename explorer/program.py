@@ -285,7 +285,7 @@ def compile_program(
     passed_on = [table[r] for r in handoff.passed_on if table[r] not in read_later]
     saved_passed_on = [table[r] for r in handoff.passed_on if table[r] in read_later]
 
-    needed = _forward_needed(graph, set(schedule.saved))
+    needed = forward_needed(graph, set(schedule.saved))
     forward = [_instr(slots, n.name, False) for n in graph.nodes if n.name in needed]
     keep_fwd = set(static) | set(saved) | set(outputs) | set(transient)
     _assign_frees(forward, keep_fwd, set(transient))
@@ -409,7 +409,7 @@ def read_before_made(graph: Graph, order: list[str], forward: Collection[str]) -
     return list(saved)
 
 
-def _forward_needed(graph: Graph, saved: set[ValueRef]) -> set[str]:
+def forward_needed(graph: Graph, saved: set[ValueRef]) -> set[str]:
     """The forward operators that run: those the model outputs, the saved values, the buffer
     updates and the random draws depend on. A value that only the backward reads, and that the
     schedule recomputes there instead of saving, is not computed in the forward at all (the

@@ -10,8 +10,9 @@ the whole-step MILP (explorer.solvers.milp), improves it with CBC for a few seco
 schedule found before within b, the overhead never rises with the budget, the minimum is the
 least simulated peak found, and every returned schedule fits its budget by the same
 accounting as `simulate` and the plots. A schedule is labelled "optimal" only when the whole
-step was proven optimal; otherwise "feasible" with its gap to a proven lower bound (1.0 when
-none was computed: a step too large for the whole-step MILP).
+step was proven optimal; otherwise "feasible" with its gap to a proven lower bound: the
+whole-step MILP's, or, for any step, the floor's (explorer.solvers.floor), which also gives
+the least peak no schedule goes under (1.0 when no bound reaches the budget).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from explorer.solvers.accounting import step_facts
 from explorer.solvers.answers import Answers, relative_gap
 from explorer.solvers.background import BackgroundSearch, search_least_peak
 from explorer.solvers.cache import SolverCache, digest
-from explorer.solvers.milp import StepMilp
+from explorer.solvers.floor import StepFloor
+from explorer.solvers.milp import Relaxation, StepMilp
 from explorer.solvers.refine import FASTEST, WHOLE_SHARE, Refiner
 from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
 from explorer.stage_ilp import (
@@ -82,6 +84,10 @@ LARGE_FASTEST_SECONDS = 2.0
 # from the time the sweep left: 9 s with the CPU profile, one LP labelling 12 of 13 points;
 # too little with the H200 profile, so none
 LABEL_SECONDS = 4.0
+# the floor's LPs (explorer.solvers.floor) label what the sweep left unbounded, this long at
+# most (each bounds every budget, the nearer the tighter): resnet50 b8 128 px's take 0.2 to
+# 0.3 s each, after 0.15 s to write the model; its least peak's floor one more
+FLOOR_SECONDS = 0.8
 MAX_TABLE_SCHEDULES = 96  # distinct table schedules simulated at setup
 STAGE_SECONDS = 5.0  # CBC time per stage ILP when no time limit is given (a rare hard one
 # took 50 s on resnet50; stopped early it is labelled with its gap, and the table still holds)
@@ -167,6 +173,8 @@ class Solver:
             graph, order, profile.workspace, profile.eager.after_forward, profile.layout_copies
         )
         self.milp = StepMilp(self.space, facts, self.seconds)
+        self.floor = StepFloor(self.milp)
+        self.floors: list[Relaxation] = []  # the floor's LPs solved under budgets
         self.refine_seconds = refine_seconds
         self.refine_left = float("inf") if refine_total is None else refine_total
         # a larger step is refined with windows only: CBC on its whole model takes seconds to
@@ -467,6 +475,9 @@ class Solver:
                 self.cache.put_label(str(budget), False, None)
                 self._save()
         chosen = self._copy(self.answers.best_within(budget))
+        carried = self._carried_floor(budget) if gap >= 1.0 else None
+        if carried is not None:  # what the floor's LPs solved so far prove here (none now)
+            gap = relative_gap(chosen.predicted_seconds - self.baseline.predicted_seconds, carried)
         chosen.status, chosen.gap = status, gap
         chosen.budget_bytes = budget
         chosen.solve_seconds = time.perf_counter() - started
@@ -486,21 +497,41 @@ class Solver:
         self.in_holes = in_holes
 
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
-        """Spend the refinement time a sweep left unused on lower bounds at solved `budgets`
-        that have none above zero (their search ran out of time before its LP): LP
-        relaxations at those budgets while time is left (LABEL_SECONDS at least where the
-        budgets' searches solve no LP: windows only, or whole-step runs given up), the
-        highest budget first (its LP is the quickest), the lowest next, then the middle of
-        the widest stretch without one; then each is labelled with the best bound the LPs
-        carry to it (every LP bounds every budget, the nearer the tighter). Returns the new
-        bounds (recomputation seconds), also saved in the cache."""
-        if not self.refines or self.refiner is None:
-            return {}
+        """Lower bounds for solved `budgets` that have none above zero (their search ran out
+        of time before its LP, or the step is too large for the whole-step MILP): the
+        refinement time a sweep left buys LP relaxations of the whole-step MILP at those
+        budgets (LABEL_SECONDS at least where the budgets' searches solve no LP: windows
+        only, or whole-step runs given up), the highest budget first (its LP is the
+        quickest), the lowest next, then the middle of the widest stretch without one; the
+        floor's LPs (explorer.solvers.floor) are solved too, for FLOOR_SECONDS at most, the
+        lowest budget first. Each budget is labelled with the best bound all those LPs carry
+        to it (every LP bounds every budget, the nearer the tighter). Returns the new bounds
+        (recomputation seconds), also saved in the cache."""
         unknown = []
         for budget in sorted(set(budgets)):
             label = self.cache.label(str(budget))
-            if label is not None and not label[0] and (label[1] or 0.0) <= 0.0:
+            if label is None or (not label[0] and (label[1] or 0.0) <= 0.0):
                 unknown.append(budget)  # solved, neither proven nor bounded
+        if not unknown:
+            return {}
+        lp = self.refines and self.refiner is not None
+        if lp:
+            self._relax_unknown(unknown)
+        self._floors_at(unknown)
+        found: dict[int, float] = {}
+        for budget in unknown:
+            bound = self._carried_floor(budget)
+            if lp:
+                bound = max(bound or 0.0, self.refiner.bound(budget) or 0.0)
+            if bound is not None and bound > 0.0:
+                found[budget] = bound
+                self.cache.put_label(str(budget), False, bound)
+        if found:
+            self._save()
+        return found
+
+    def _relax_unknown(self, unknown: list[int]) -> None:
+        """The whole-step MILP's LP relaxations for bound_unknown, in the time left."""
         left = self.refine_left
         if not self.refiner.worth_whole_runs(FASTEST):  # its searches solved no LP
             left = max(left, LABEL_SECONDS)
@@ -513,14 +544,39 @@ class Solver:
             spent = time.perf_counter() - started
             left -= spent
             self.refine_left = max(self.refine_left - spent, 0.0)
-        found: dict[int, float] = {}
-        for budget in unknown:
-            bound = self.refiner.bound(budget)
-            if bound is not None and bound > 0.0:
-                found[budget] = bound
-                self.cache.put_label(str(budget), False, bound)
-        if found:
-            self._save()
+
+    def _floors_at(self, budgets: list[int]) -> None:
+        """The floor's LP at `budgets` (ascending), the lowest first, then spread over their
+        range (_spread), the highest last (its bound is the least worth having), until
+        FLOOR_SECONDS have passed; kept in `floors`."""
+        deadline = time.perf_counter() + FLOOR_SECONDS
+        order = _spread(budgets[::-1])
+        for budget in [*order[:1], *order[2:], *order[1:2]]:
+            left = deadline - time.perf_counter()
+            if left <= 0.0:
+                break
+            check_cancel(self.cancel)
+            relaxed = self.floor.within(budget, max(left, 1.0))
+            if relaxed is not None:
+                self.floors.append(relaxed)
+
+    def _carried_floor(self, budget: int) -> float | None:
+        """The best bound the floor's LPs solved so far carry to `budget` (None: none)."""
+        carried = [r.bound_at(budget) for r in self.floors]
+        return max([b for b in carried if b is not None], default=None)
+
+    def peak_floor(self) -> int | None:
+        """Bytes under which no schedule of this solver's space peaks (the floor's least
+        peak: explorer.solvers.floor), kept in the cache; None if its LP was not solved in
+        FLOOR_SECONDS. The space is the chain's backward order: autograd's own order, the
+        no-recompute baseline's, is outside it."""
+        found = self.cache.floor()
+        if found is None:
+            check_cancel(self.cancel)
+            found = self.floor.least_peak(max(FLOOR_SECONDS, 1.0))
+            if found is not None:
+                self.cache.put_floor(found)
+                self._save()
         return found
 
     def swept(self, points: int) -> list[int] | None:

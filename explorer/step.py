@@ -477,6 +477,15 @@ class StepSolver:
         found = self.solvers[0].bound_unknown([b - beyond for b in budgets])
         return {b + beyond: bound for b, bound in found.items()}
 
+    def peak_floor(self) -> int | None:
+        """Step bytes under which no plan of the solver's space peaks (see
+        Solver.peak_floor): for a single graph only (several graphs share each budget out,
+        and their floors do not add up to the step's)."""
+        if not self.single:
+            return None
+        floor = self.solvers[0].peak_floor()
+        return None if floor is None else floor + self.beyond_graph_bytes
+
     def _shared(self, budget: int) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits."""
         lowest = self.minimum()

@@ -73,6 +73,8 @@ class Front:
     points: list[FrontPoint]
     setup: dict = field(default_factory=dict)
     runtime_factor: float = 1.0  # the runtime's no-recompute step over the unmodified model's
+    # bytes under which no schedule of the solver's space peaks (None: not known)
+    peak_floor_bytes: int | None = None
     context: object | None = field(default=None, repr=False)
 
     def at_budget(self, budget: int | str | float) -> Schedule:
@@ -103,6 +105,20 @@ class Front:
             "gives recomputation more to save"
         )
 
+    def floor_note(self) -> str | None:
+        """How far the least peak found is from the proven floor, in words (None when no
+        floor is known or nothing recomputes)."""
+        floor = self.peak_floor_bytes
+        lowest = min(p.predicted_peak_bytes for p in self.points)
+        if floor is None or lowest >= self.baseline_peak_bytes:
+            return None
+        above = (lowest - floor) / floor if floor else float("inf")
+        return (
+            f"least peak {format_bytes(lowest)}: no schedule in the solver's backward order "
+            f"peaks under {format_bytes(floor)}, so the lowest possible is at most "
+            f"{above:.2%} below it"
+        )
+
     def to_dict(self) -> dict:
         return {
             "schema": SCHEMA,
@@ -115,6 +131,7 @@ class Front:
                 "runtime_factor": self.runtime_factor,
             },
             "setup": self.setup,
+            "peak_floor_bytes": self.peak_floor_bytes,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -138,6 +155,7 @@ class Front:
                 points=points,
                 setup=dict(data.get("setup", {})),
                 runtime_factor=float(data["baseline"].get("runtime_factor", 1.0)),
+                peak_floor_bytes=_optional_int(data.get("peak_floor_bytes")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc
@@ -146,6 +164,15 @@ class Front:
         if any(p.schedule.fingerprint != front.fingerprint for p in points):
             raise UserError(f"{path}: its schedules were made for another graph than the front")
         return front
+
+
+def _optional_int(value: object) -> int | None:
+    """An int field that may be absent or null (written by an older version: None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not a whole number of bytes")
+    return value
 
 
 def _point_from_dict(data: dict) -> FrontPoint:

@@ -123,6 +123,8 @@ def test_sweep_draws_every_front_point_with_hover_text(swept: Dashboard) -> None
         assert "peak" in text and "overhead" in text
         assert ("recomputes nothing" in text) == (not point.recomputed)
     assert len(swept.budget.slider.options) == len(front.points)
+    # how far the least peak may be from the lowest possible (explorer.solvers.floor)
+    assert front.peak_floor_bytes is not None and front.floor_note() in swept.status.text
 
 
 def test_peers_are_their_own_traces(swept: Dashboard) -> None:

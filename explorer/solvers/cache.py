@@ -1,16 +1,17 @@
 """What a solver learned about one profiled step, kept as JSON beside the profile, so that
 sweeping the same profile again takes seconds instead of minutes.
 
-Three things are kept: each distinct stage's menu of options (the stage ILPs, the expensive
+Four things are kept: each distinct stage's menu of options (the stage ILPs, the expensive
 part of a large step), keyed by the stage's signature and the seconds of its operators;
 the verified answers (each schedule as its recomputation windows) with, per solved budget,
-whether it was proven optimal and the proven bound; and the budgets each sweep solved (a
-second sweep asks the same ones, whose answers are all known, instead of looking for the
-holes its first run already filled). All but the menus are keyed by the graph, the
-profile's numbers and the solver's settings. Nothing read from the file is trusted: every answer is
-lowered and simulated again before it is used, and a cache written for another graph,
-profile or format is ignored (then overwritten). Plain JSON: never pickle. Without a file the
-same record is kept in memory, so one solver never searches a budget twice.
+whether it was proven optimal and the proven bound; the budgets each sweep solved (a second
+sweep asks the same ones, whose answers are all known, instead of looking for the holes its
+first run already filled); and the least-peak floor (explorer.solvers.floor). All but the
+menus are keyed by the graph, the profile's numbers and the solver's settings. No schedule
+read from the file is trusted: every answer is lowered and simulated again before it is
+used, and a cache written for another graph, profile or format is ignored (then
+overwritten). Plain JSON: never pickle. Without a file the same record is kept in memory,
+so one solver never searches a budget twice.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class SolverCache:
             "answers": [],
             "labels": {},
             "sweeps": {},
+            "floor": None,
         }
         if self.path is None:
             return
@@ -57,6 +59,7 @@ class SolverCache:
                 self.data["answers"] = list(loaded.get("answers", []))
                 self.data["labels"] = dict(loaded.get("labels", {}))
                 self.data["sweeps"] = dict(loaded.get("sweeps", {}))
+                self.data["floor"] = loaded.get("floor")
 
     def stage_menu(self, key: str) -> list[dict] | None:
         menu = self.data["stages"].get(key)
@@ -81,6 +84,14 @@ class SolverCache:
 
     def put_label(self, key: str, optimal: bool, bound: float | None) -> None:
         self.data["labels"][key] = [optimal, bound]
+
+    def floor(self) -> int | None:
+        """The least-peak floor found before (explorer.solvers.floor), in bytes."""
+        found = self.data.get("floor")
+        return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+    def put_floor(self, nbytes: int) -> None:
+        self.data["floor"] = nbytes
 
     def sweep(self, points: int) -> list[int] | None:
         """The budgets an earlier sweep of `points` points solved, in its order."""
