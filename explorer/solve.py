@@ -38,7 +38,7 @@ from explorer.solvers.background import BackgroundSearch, search_least_peak
 from explorer.solvers.cache import SolverCache, digest
 from explorer.solvers.floor import StepFloor
 from explorer.solvers.milp import Relaxation, StepMilp
-from explorer.solvers.refine import FASTEST, WHOLE_SHARE, Refiner
+from explorer.solvers.refine import FASTEST, WHOLE_SHARE, Refiner, largest_bound
 from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
 from explorer.stage_ilp import (
     StageOption,
@@ -522,7 +522,7 @@ class Solver:
         for budget in unknown:
             bound = self._carried_floor(budget)
             if lp:
-                bound = max(bound or 0.0, self.refiner.bound(budget) or 0.0)
+                bound = largest_bound([bound, self.refiner.bound(budget)])
             if bound is not None and bound > 0.0:
                 found[budget] = bound
                 self.cache.put_label(str(budget), False, bound)
@@ -562,8 +562,7 @@ class Solver:
 
     def _carried_floor(self, budget: int) -> float | None:
         """The best bound the floor's LPs solved so far carry to `budget` (None: none)."""
-        carried = [r.bound_at(budget) for r in self.floors]
-        return max([b for b in carried if b is not None], default=None)
+        return largest_bound([r.bound_at(budget) for r in self.floors])
 
     def peak_floor(self) -> int | None:
         """Bytes under which no schedule of this solver's space peaks (the floor's least

@@ -34,7 +34,6 @@ import math
 
 import pulp
 
-from explorer.program import forward_needed
 from explorer.solvers import cbc
 from explorer.solvers.milp import GE, LE, Relaxation, StepMilp, _row, forward_rows
 
@@ -99,9 +98,10 @@ class StepFloor:
         prob += _row({self.peak: -1}, facts.end_bytes * self.scale, LE)
         # an operator only the backward reads (mobilenet_v2's clone before each ReLU6) is
         # left out of the forward when it is made again instead of saved: it may cost nothing
-        costly = forward_needed(milp.space.graph, set())
         self.time_cost = pulp.lpSum(
-            milp.seconds.get(a, 0.0) / self.time_unit * x for a, x in again.items() if a in costly
+            milp.seconds.get(a, 0.0) / self.time_unit * x
+            for a, x in again.items()
+            if a not in milp.backward_only
         )
         return prob
 

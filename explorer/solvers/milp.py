@@ -97,6 +97,10 @@ class StepMilp:
         decisions = set(space.decisions)
         for root in facts.storages:
             self.maker[root] = root[0] if root[0] in decisions else None
+        # operators the forward leaves out when it saves nothing made from them: only the
+        # backward reads them (mobilenet_v2's clone before each ReLU6; see _forward_skips)
+        needed = forward_needed(graph, set())
+        self.backward_only = {a for a in space.decisions if a not in needed}
         self.ops_reads = {a: self._storage_reads(a) for a in space.decisions}
         self.ops_makes = {
             a: [(a, i) for i, m in enumerate(graph.node(a).outputs) if (a, i) in facts.storages]
@@ -270,12 +274,10 @@ class StepMilp:
         simulated time of 60 of its 65 table schedules at b16 96 px (P100 seconds), by up to
         4.7% of the step: its bounds were not bounds. Where a saved value made from the
         operator keeps it in the forward after all, this under-counts, which bounds allow."""
-        graph = self.facts.graph
-        needed = forward_needed(graph, set())
         terms: dict[pulp.LpVariable, float] = {}
-        for a in self.space.decisions:
+        for a in sorted(self.backward_only, key=self.position.__getitem__):
             stores = [s for s in self.ops_makes[a] if (0, s) in self.avail]
-            if a in needed or not stores:
+            if not stores:
                 continue
             share = self.seconds.get(a, 0.0) / self.time_unit
             x = self.avail[(0, stores[0])]

@@ -326,7 +326,7 @@ class Refiner:
         peak = (lambda: value(best)) if lean and self.follow_peak else None
         self._windows(window_end, take, lambda: windows, width, window_seconds, lean, peak)
         if self.whole_runs and not guided and left() >= self.lp_seconds:
-            bound = _largest(
+            bound = largest_bound(
                 [bound, self._best_bound(self._relax(max(left(), 2 * self.lp_seconds)))]
             )
             if proven(bound):
@@ -357,7 +357,7 @@ class Refiner:
         bounds = [relaxed.bound] if relaxed is not None else []
         if self.milp.budget is not None:
             bounds += [r.bound_at(self.milp.budget) for r in self.relaxations]
-        return _largest(bounds)
+        return largest_bound(bounds)
 
     def _too_short(self, kind: str, limit: float) -> bool:
         """Whether a whole-model run for `kind` given `limit` would overrun it without
@@ -554,7 +554,7 @@ def _together(start: Windows, one: Windows, other: Windows) -> Windows | None:
     return [b if b != s else a for s, a, b in zip(start, one, other, strict=True)]
 
 
-def _largest(bounds: list[float | None]) -> float | None:
+def largest_bound(bounds: list[float | None]) -> float | None:
     """The best of several lower bounds, the unknown (None) left out."""
     known = [b for b in bounds if b is not None]
     return max(known) if known else None
