@@ -376,10 +376,12 @@ class Planner:
 
     def solve(self, budget: int | str | float, time_limit: float | None = None) -> Schedule:
         """The fastest schedule within `budget`: bytes, "4GB", or a fraction (see
-        explorer.units.parse_budget: 0.5 keeps half of the activation memory)."""
+        explorer.units.parse_budget: 0.5 keeps half of the activation memory). Asked by
+        itself, a budget of a step too large to refine every budget of a sweep is searched
+        longer than a sweep's (explorer.solve.LARGE_ALONE_SECONDS)."""
         solver = self.solver(time_limit)
         limit = parse_budget(budget, solver.baseline.predicted_peak_bytes, solver.fixed_bytes)
-        schedule = solver.solve(limit)
+        schedule = solver.solve(limit, alone=True)
         schedule.context = self
         return schedule
 

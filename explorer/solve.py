@@ -75,6 +75,13 @@ REFINE_TOTAL = 45.0  # CBC time one solver spends refining, all budgets together
 # to +22.0% and the sweep 9.9 to 12.2 s (8 s each in one process: +22.0%, 21.7 s)
 LARGE_LEAST_SECONDS = 3.0
 LARGE_FASTEST_SECONDS = 2.0
+# ... and a budget asked by itself (Planner.solve, the dashboard's "Solve this budget"), not
+# as one of a sweep's, is searched with windows from its table answer for this long (from
+# what is left of REFINE_TOTAL), after the model is written (resnet50 b8 128 px: 3 s). There
+# a window run seldom pays in less: at 0.30 of the activations +18.3% stayed +18.3% with 1 s
+# and 2.5 s and fell to +13.0% to +13.5% with 8 s; at 0.50, +7.4% fell to +6.2%, +6.1% and
+# +5.8% with 1, 2.5 and 8 s
+LARGE_ALONE_SECONDS = 8.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
 # nor does one whose whole-step runs stopped paying off (the LP then comes after the windows,
 # which take all of a budget's time on gpt_2_layers), so its sweep ends with LPs for the
@@ -482,6 +489,39 @@ class Solver:
         chosen.budget_bytes = budget
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
+
+    def solve_alone(self, budget_bytes: int) -> GraphSchedule:
+        """`solve`, for a budget asked by itself rather than as one of a sweep's: on a step
+        too large to refine a sweep's every budget, its table answer is first searched with
+        windows (LARGE_ALONE_SECONDS, from what is left of the refinement time), once per
+        budget (the label kept makes the next ask, and a later sweep's, read it back)."""
+        budget = int(budget_bytes)
+        if self.least_only and self.cache.label(str(budget)) is None:
+            self._search_alone(budget)
+        return self.solve(budget)
+
+    def _search_alone(self, budget: int) -> None:
+        """The windows' search of one budget of a large step (see solve_alone). Nothing is
+        searched for a budget solve() refuses or answers without recomputing."""
+        check_cancel(self.cancel)
+        if self.answers.best_within(budget) is None and self._minimum is None:
+            self.minimum()  # searches for lower peaks than the table's
+        start = self.answers.best_within(budget)
+        seconds = min(LARGE_ALONE_SECONDS, self.refine_left)
+        if start is None or start.predicted_seconds <= self.baseline.predicted_seconds:
+            return
+        if seconds < 0.5:
+            return
+        self.milp.build()  # in this process: a background one searches the least peak only
+        started = time.perf_counter()
+        drop = budget <= self.answers.lowest().predicted_peak_bytes
+        refined = self._refiner().fastest(budget, start, seconds, drop)
+        self.refine_left -= time.perf_counter() - started
+        self.answers.add(refined.schedule)
+        self._floors_at([budget])  # its label's bound (a sweep's floors may bound it better)
+        bound = largest_bound([refined.bound, self._carried_floor(budget)])
+        self.cache.put_label(str(budget), False, bound)
+        self._save()
 
     def recall(self, budget_bytes: int) -> GraphSchedule:
         """A budget solved before, answered again from every schedule found since, without a

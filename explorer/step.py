@@ -407,13 +407,15 @@ class StepSolver:
             return self.combine([self.solvers[0].lowest()]).predicted_peak_bytes
         return self.minimum().predicted_peak_bytes
 
-    def solve(self, budget_bytes: int) -> Schedule:
-        """The fastest plan whose predicted step peak is at most `budget_bytes`."""
+    def solve(self, budget_bytes: int, alone: bool = False) -> Schedule:
+        """The fastest plan whose predicted step peak is at most `budget_bytes`. `alone`: the
+        budget is asked by itself, not as one of a sweep's (Solver.solve_alone: a large
+        step's single graph searches it longer)."""
         started = time.perf_counter()
         if budget_bytes >= self.baseline.predicted_peak_bytes:
             chosen = self.baseline.copy()
         elif self.single:
-            chosen = self.combine([self._solve_one(budget_bytes)])
+            chosen = self.combine([self._solve_one(budget_bytes, alone)])
         else:
             chosen = self._shared(budget_bytes)
         chosen.budget_bytes = int(budget_bytes)
@@ -426,15 +428,18 @@ class StepSolver:
         (asked again, each graph may get a budget it never searched)."""
         return self.solve(budget_bytes) if self.single else None
 
-    def _solve_one(self, budget_bytes: int) -> GraphSchedule:
+    def _solve_one(self, budget_bytes: int, alone: bool = False) -> GraphSchedule:
         """The single graph's answer within a step budget, refused in the step's bytes. The
         solver plans in its graph's bytes with everything beyond them counted at every
         operator (the safe side); the step's own timeline counts what eager code holds in
         the backward only there, so its least peak can be under the solver's plus that, when
         it lies in the forward: the solver's lowest schedule then answers the budgets
         between (a sweep starts from that least peak)."""
+        solver = self.solvers[0]
         try:
-            return self.solvers[0].solve(budget_bytes - self.beyond_graph_bytes)
+            if alone:
+                return solver.solve_alone(budget_bytes - self.beyond_graph_bytes)
+            return solver.solve(budget_bytes - self.beyond_graph_bytes)
         except BelowMinimum:
             lowest = self.solvers[0].lowest()
             if self.combine([lowest]).predicted_peak_bytes <= budget_bytes:
