@@ -82,6 +82,12 @@ LARGE_FASTEST_SECONDS = 2.0
 # and 2.5 s and fell to +13.0% to +13.5% with 8 s; at 0.50, +7.4% fell to +6.2%, +6.1% and
 # +5.8% with 1, 2.5 and 8 s
 LARGE_ALONE_SECONDS = 8.0
+# a large step's sweep searches its budgets that way too (each its share of the time left, at
+# most LARGE_ALONE_SECONDS) only when its solver is given at least this much refinement time
+# (REMAT_EXPLORER_SEARCH_SECONDS: a sweep's 18 budgets at 8 s each, after its least peak's
+# 5 s): with less, windows seldom pay in the seconds each budget would get, and the default
+# REFINE_TOTAL keeps resnet50 b8 128 px's sweep near 10 s
+LARGE_SWEEP_TOTAL = 150.0
 # a step refined with windows only solves no LP while it searches (explorer.solvers.refine),
 # nor does one whose whole-step runs stopped paying off (the LP then comes after the windows,
 # which take all of a budget's time on gpt_2_layers), so its sweep ends with LPs for the
@@ -127,7 +133,9 @@ class Solver:
     on the whole MILP only when it has at most `max_refine_size` recomputation binaries
     (None: whatever its size); up to MAX_WINDOWED_SIZE, windows of it are refined; above,
     the table's answers stand but at the least peak, which windows lower first
-    (LARGE_LEAST_SECONDS, then LARGE_FASTEST_SECONDS for the fastest schedule at it)."""
+    (LARGE_LEAST_SECONDS, then LARGE_FASTEST_SECONDS for the fastest schedule at it), at a
+    budget asked by itself (`solve_alone`), and at every budget of a sweep when
+    `refine_total` is at least LARGE_SWEEP_TOTAL."""
 
     name = "chain"
 
@@ -191,6 +199,8 @@ class Solver:
             self.whole_runs or self.milp.size <= MAX_WINDOWED_SIZE
         )
         self.least_only = refine_seconds > 0 and not self.refines  # see LARGE_LEAST_SECONDS
+        # ... and whether a sweep's budgets are searched as well (see LARGE_SWEEP_TOTAL)
+        self.searches_budgets = self.least_only and self.refine_left >= LARGE_SWEEP_TOTAL
         self.background: BackgroundSearch | None = None
         if self.least_only and self.cache.label("least") is None:  # writes the model now
             simulate = partial(_simulated, graph, profile, self.space, self.fingerprint)
@@ -452,9 +462,10 @@ class Solver:
         self.cache.put_label("least", False, None)
         self._save()
 
-    def solve(self, budget_bytes: int, effort: float = 1.0) -> GraphSchedule:
+    def solve(self, budget_bytes: int, effort: float = 1.0, search: bool = True) -> GraphSchedule:
         """The fastest schedule found whose simulated peak is at most `budget_bytes`
-        (`effort`: a multiple of the refinement time a budget gets)."""
+        (`effort`: a multiple of the refinement time a budget gets; `search`: False to
+        answer from the schedules known, as `recall` does, where no search was made)."""
         started = time.perf_counter()
         check_cancel(self.cancel)
         budget = int(budget_bytes)
@@ -472,9 +483,12 @@ class Solver:
                 self.fixed_bytes,
             )
         label = self.cache.label(str(budget))
+        if search and label is None and self.searches_budgets:
+            self._search_alone(budget, min(self.share, LARGE_ALONE_SECONDS) * effort)
+            label = self.cache.label(str(budget))
         if start.predicted_seconds <= self.baseline.predicted_seconds:
             status, gap = "optimal", 0.0  # nothing recomputed: nothing can be faster
-        elif label is not None or self._refine_time() > 0:
+        elif label is not None or (search and self._refine_time() > 0):
             status, gap = self._refine(budget, start, label, effort)
         else:
             status, gap = "feasible", 1.0
@@ -497,17 +511,18 @@ class Solver:
         budget (the label kept makes the next ask, and a later sweep's, read it back)."""
         budget = int(budget_bytes)
         if self.least_only and self.cache.label(str(budget)) is None:
-            self._search_alone(budget)
+            self._search_alone(budget, LARGE_ALONE_SECONDS)
         return self.solve(budget)
 
-    def _search_alone(self, budget: int) -> None:
-        """The windows' search of one budget of a large step (see solve_alone). Nothing is
-        searched for a budget solve() refuses or answers without recomputing."""
+    def _search_alone(self, budget: int, seconds: float) -> None:
+        """The windows' search of one budget of a large step for `seconds` (at most what is
+        left of the refinement time; see solve_alone). Nothing is searched for a budget
+        solve() refuses or answers without recomputing."""
         check_cancel(self.cancel)
         if self.answers.best_within(budget) is None and self._minimum is None:
             self.minimum()  # searches for lower peaks than the table's
         start = self.answers.best_within(budget)
-        seconds = min(LARGE_ALONE_SECONDS, self.refine_left)
+        seconds = min(seconds, self.refine_left)
         if start is None or start.predicted_seconds <= self.baseline.predicted_seconds:
             return
         if seconds < 0.5:
@@ -526,7 +541,7 @@ class Solver:
     def recall(self, budget_bytes: int) -> GraphSchedule:
         """A budget solved before, answered again from every schedule found since, without a
         search (a budget's search is made once: its label is kept)."""
-        return self.solve(budget_bytes)
+        return self.solve(budget_bytes, search=False)
 
     def pace(self, budgets: int, in_holes: bool = False) -> None:
         """`budgets` budgets (this one included) may still be asked: each gets an equal

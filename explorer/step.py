@@ -407,15 +407,16 @@ class StepSolver:
             return self.combine([self.solvers[0].lowest()]).predicted_peak_bytes
         return self.minimum().predicted_peak_bytes
 
-    def solve(self, budget_bytes: int, alone: bool = False) -> Schedule:
+    def solve(self, budget_bytes: int, alone: bool = False, search: bool = True) -> Schedule:
         """The fastest plan whose predicted step peak is at most `budget_bytes`. `alone`: the
         budget is asked by itself, not as one of a sweep's (Solver.solve_alone: a large
-        step's single graph searches it longer)."""
+        step's single graph searches it longer); `search`: False to answer from what is
+        known (`recall`)."""
         started = time.perf_counter()
         if budget_bytes >= self.baseline.predicted_peak_bytes:
             chosen = self.baseline.copy()
         elif self.single:
-            chosen = self.combine([self._solve_one(budget_bytes, alone)])
+            chosen = self.combine([self._solve_one(budget_bytes, alone, search)])
         else:
             chosen = self._shared(budget_bytes)
         chosen.budget_bytes = int(budget_bytes)
@@ -426,9 +427,11 @@ class StepSolver:
         """A budget solved before, answered again from every schedule found since, without a
         search (Solver.recall); None for several graphs, whose budgets are shared out anew
         (asked again, each graph may get a budget it never searched)."""
-        return self.solve(budget_bytes) if self.single else None
+        return self.solve(budget_bytes, search=False) if self.single else None
 
-    def _solve_one(self, budget_bytes: int, alone: bool = False) -> GraphSchedule:
+    def _solve_one(
+        self, budget_bytes: int, alone: bool = False, search: bool = True
+    ) -> GraphSchedule:
         """The single graph's answer within a step budget, refused in the step's bytes. The
         solver plans in its graph's bytes with everything beyond them counted at every
         operator (the safe side); the step's own timeline counts what eager code holds in
@@ -439,7 +442,7 @@ class StepSolver:
         try:
             if alone:
                 return solver.solve_alone(budget_bytes - self.beyond_graph_bytes)
-            return solver.solve(budget_bytes - self.beyond_graph_bytes)
+            return solver.solve(budget_bytes - self.beyond_graph_bytes, search=search)
         except BelowMinimum:
             lowest = self.solvers[0].lowest()
             if self.combine([lowest]).predicted_peak_bytes <= budget_bytes:

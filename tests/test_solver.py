@@ -1002,15 +1002,45 @@ def test_a_budget_asked_alone_of_a_large_step_is_searched_longer_than_a_sweeps(
     assert (recalled.predicted_seconds, recalled.gap) == (alone.predicted_seconds, alone.gap)
 
 
+def test_a_large_steps_sweep_searches_its_budgets_only_when_given_the_time(cnn, monkeypatch):
+    # catches: a large step's sweep given more search time (REMAT_EXPLORER_SEARCH_SECONDS,
+    # "a longer one overnight") still taking the table's answer at every budget; or, with
+    # the default time, searching its budgets (resnet50 b8 128 px's sweep past 10 s)
+    monkeypatch.setattr(solve, "MAX_WINDOWED_SIZE", 0)
+    monkeypatch.setattr(solve, "LARGE_ALONE_SECONDS", 0.5)
+    monkeypatch.setenv("REMAT_EXPLORER_SERIAL", "1")  # the least peak's search here too
+    graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
+    searched: list[int] = []  # the budgets Refiner.fastest was asked
+    fastest = Refiner.fastest
+
+    def fast(self, budget, start, seconds, drop=False, in_hole=False):
+        searched.append(budget)
+        return fastest(self, budget, start, seconds, drop, in_hole)
+
+    monkeypatch.setattr(Refiner, "fastest", fast)
+
+    def sweep(refine_total: float) -> list[int]:
+        searched.clear()
+        large = make_solver("chain", graph, profile, max_refine_size=0, refine_total=refine_total)
+        front = sweep_budgets(large, 4)
+        return [p.budget_bytes for p in front if p.predicted_overhead > 0]
+
+    recomputing = sweep(REFINE_TOTAL)
+    assert len(recomputing) >= 2 and len(searched) == 1  # the least peak's only
+    recomputing = sweep(solve.LARGE_SWEEP_TOTAL)
+    assert len(recomputing) >= 2 and set(recomputing) <= set(searched)
+    assert REFINE_TOTAL < solve.LARGE_SWEEP_TOTAL
+
+
 def test_planner_solve_asks_its_budget_alone(cnn, monkeypatch):
     # catches: Planner.solve (and so the dashboard) asking as a sweep does, which leaves a
     # large step's budget at the table's answer
     asked: list[bool] = []
     solve_step = StepSolver.solve
 
-    def recorded(self, budget_bytes, alone=False):
+    def recorded(self, budget_bytes, alone=False, search=True):
         asked.append(alone)
-        return solve_step(self, budget_bytes, alone)
+        return solve_step(self, budget_bytes, alone, search)
 
     monkeypatch.setattr(StepSolver, "solve", recorded)
     cnn.solve(0.8)

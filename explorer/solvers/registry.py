@@ -6,7 +6,8 @@ benchmarks and the tests all build them here.
   environment's REMAT_EXPLORER_SEARCH_SECONDS says: see `search_seconds`) with the
   whole-step MILP when the step is small enough for it, or with windows of it up to
   explorer.solve.MAX_WINDOWED_SIZE binaries; above, only its least peak (and the fastest
-  schedule at it) is searched with windows.
+  schedule at it) is searched with windows, and a budget asked by itself, and every budget
+  of a sweep given explorer.solve.LARGE_SWEEP_TOTAL seconds or more.
 - "exact": the whole-step MILP on CBC for every budget (`time_limit` seconds each, 60 by
   default), whatever the size, started from the chain's answer: the reference.
 - "table": the chain table's schedules only, no MILP (the fastest).
