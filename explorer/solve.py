@@ -484,7 +484,7 @@ class Solver:
             )
         label = self.cache.label(str(budget))
         if search and label is None and self.searches_budgets:
-            self._search_alone(budget, min(self.share, LARGE_ALONE_SECONDS) * effort)
+            self._search_with_windows(budget, min(self.share * effort, LARGE_ALONE_SECONDS))
             label = self.cache.label(str(budget))
         if start.predicted_seconds <= self.baseline.predicted_seconds:
             status, gap = "optimal", 0.0  # nothing recomputed: nothing can be faster
@@ -511,13 +511,13 @@ class Solver:
         budget (the label kept makes the next ask, and a later sweep's, read it back)."""
         budget = int(budget_bytes)
         if self.least_only and self.cache.label(str(budget)) is None:
-            self._search_alone(budget, LARGE_ALONE_SECONDS)
+            self._search_with_windows(budget, LARGE_ALONE_SECONDS)
         return self.solve(budget)
 
-    def _search_alone(self, budget: int, seconds: float) -> None:
+    def _search_with_windows(self, budget: int, seconds: float) -> None:
         """The windows' search of one budget of a large step for `seconds` (at most what is
-        left of the refinement time; see solve_alone). Nothing is searched for a budget
-        solve() refuses or answers without recomputing."""
+        left of the refinement time; see solve_alone and LARGE_SWEEP_TOTAL). Nothing is
+        searched for a budget solve() refuses or answers without recomputing."""
         check_cancel(self.cancel)
         if self.answers.best_within(budget) is None and self._minimum is None:
             self.minimum()  # searches for lower peaks than the table's
