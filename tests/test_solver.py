@@ -66,6 +66,21 @@ def cnn():
     return plan
 
 
+def _fastest_calls(monkeypatch) -> list[SimpleNamespace]:
+    """Refiner.fastest's calls from now on (refiner, budget, seconds, drop, in_hole), each
+    still made: what the tests of who searches what, and for how long, read."""
+    calls: list[SimpleNamespace] = []
+    fastest = Refiner.fastest
+
+    def recorded(self, budget, start, seconds, drop=False, in_hole=False):
+        calls.append(SimpleNamespace(refiner=id(self), budget=budget, seconds=seconds))
+        calls[-1].drop, calls[-1].in_hole = drop, in_hole
+        return fastest(self, budget, start, seconds, drop, in_hole)
+
+    monkeypatch.setattr(Refiner, "fastest", recorded)
+    return calls
+
+
 def _skip_step():
     """x -> a (64 B) -> b (32 B) -> c(b, a) (16 B) -> d: `a` skips over `b`."""
     b = StepBuilder()
@@ -616,25 +631,17 @@ def test_a_sweep_spreads_its_search_time_over_every_budget_with_one_refiner(cnn,
     # the budgets asked last (the cheap end, vgg16's 0.87 to 1.0) are never searched; a new
     # refiner for each budget, which forgets whether whole-model runs pay off; and, without
     # a cache file, the least peak's budget searched again by the sweep (time lost)
-    given: list[tuple[int, float]] = []
-    refiners: set[int] = set()
-    fastest = Refiner.fastest
-
-    def recorded(r: Refiner, b: int, s: GraphSchedule, t: float, *flags: bool):
-        given.append((b, t))
-        refiners.add(id(r))
-        return fastest(r, b, s, t, *flags)
-
-    monkeypatch.setattr(Refiner, "fastest", recorded)
+    calls = _fastest_calls(monkeypatch)
     solver = make_solver("chain", cnn.capture()[0], cnn.profile().graphs[0], refine_total=12.0)
     lowest = solver.minimum().predicted_peak_bytes
-    assert [b for b, _ in given] == [lowest]
-    left, given[:] = solver.refine_left, []
+    assert [c.budget for c in calls] == [lowest]
+    left, refiner = solver.refine_left, calls[0].refiner
+    calls.clear()
     sweep_budgets(solver, 6)  # up to 6 + 3 budgets, the lowest one known already
-    budgets = [b for b, _ in given]
+    budgets = [c.budget for c in calls]
     assert budgets and lowest not in budgets and len(set(budgets)) == len(budgets)
-    assert given[0][1] <= left / 8 + 1e-9 < REFINE_SECONDS
-    assert len(refiners) == 1
+    assert calls[0].seconds <= left / 8 + 1e-9 < REFINE_SECONDS
+    assert {c.refiner for c in calls} == {refiner}
 
 
 def _recomputing(windows, seconds: float = 2.0) -> GraphSchedule:
@@ -968,26 +975,19 @@ def test_a_budget_asked_alone_of_a_large_step_is_searched_longer_than_a_sweeps(
     # same budget is asked again, here or by a second solver of the same profile
     monkeypatch.setattr(solve, "MAX_WINDOWED_SIZE", 0)
     monkeypatch.setattr(solve, "LARGE_ALONE_SECONDS", 1.0)
-    given: list[float] = []
-    fastest = Refiner.fastest
-
-    def fast(self, budget, start, seconds, drop=False, in_hole=False):
-        given.append(seconds)
-        return fastest(self, budget, start, seconds, drop, in_hole)
-
-    monkeypatch.setattr(Refiner, "fastest", fast)
+    calls = _fastest_calls(monkeypatch)
     graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
     path = tmp_path / "solver_cache.json"
     large = make_solver("chain", graph, profile, max_refine_size=0, cache=path)
     large.minimum()
-    given.clear()  # the least peak's own search
+    calls.clear()  # the least peak's own search
     low, high = large.lowest_known(), large.baseline.predicted_peak_bytes
     budget = low + (high - low) // 3
     plain = large.solve(budget)
     assert plain.predicted_seconds > large.baseline.predicted_seconds  # it recomputes
-    assert given == []  # a sweep's budget takes the table's answer
+    assert calls == []  # a sweep's budget takes the table's answer
     alone = large.solve_alone(budget)
-    assert given == [1.0]
+    assert [c.seconds for c in calls] == [1.0]
     assert alone.predicted_peak_bytes <= budget
     assert alone.predicted_seconds <= plain.predicted_seconds
     assert alone.status == "feasible" and alone.gap < 1.0  # the floor's LP bounds it
@@ -1010,25 +1010,18 @@ def test_a_large_steps_sweep_searches_its_budgets_only_when_given_the_time(cnn, 
     monkeypatch.setattr(solve, "LARGE_ALONE_SECONDS", 0.5)
     monkeypatch.setenv("REMAT_EXPLORER_SERIAL", "1")  # the least peak's search here too
     graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
-    searched: list[int] = []  # the budgets Refiner.fastest was asked
-    fastest = Refiner.fastest
-
-    def fast(self, budget, start, seconds, drop=False, in_hole=False):
-        searched.append(budget)
-        return fastest(self, budget, start, seconds, drop, in_hole)
-
-    monkeypatch.setattr(Refiner, "fastest", fast)
+    calls = _fastest_calls(monkeypatch)
 
     def sweep(refine_total: float) -> list[int]:
-        searched.clear()
+        calls.clear()
         large = make_solver("chain", graph, profile, max_refine_size=0, refine_total=refine_total)
         front = sweep_budgets(large, 4)
         return [p.budget_bytes for p in front if p.predicted_overhead > 0]
 
     recomputing = sweep(REFINE_TOTAL)
-    assert len(recomputing) >= 2 and len(searched) == 1  # the least peak's only
+    assert len(recomputing) >= 2 and len(calls) == 1  # the least peak's only
     recomputing = sweep(solve.LARGE_SWEEP_TOTAL)
-    assert len(recomputing) >= 2 and set(recomputing) <= set(searched)
+    assert len(recomputing) >= 2 and set(recomputing) <= {c.budget for c in calls}
     assert REFINE_TOTAL < solve.LARGE_SWEEP_TOTAL
 
 
@@ -1382,33 +1375,19 @@ def test_the_solver_drops_first_only_at_its_least_peak(cnn, monkeypatch):
     # drop, or every budget giving half its time to a drop pass over a start that was already
     # searched for time (gpt_2_layers' mid budgets: +12.6% where windows alone found +9.4%)
     graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
-    asked: list[tuple[int, bool]] = []
-    fastest = Refiner.fastest
-
-    def recorded(self, budget, start, seconds, drop=False, in_hole=False):
-        asked.append((budget, drop))
-        return fastest(self, budget, start, seconds, drop, in_hole)
-
-    monkeypatch.setattr(Refiner, "fastest", recorded)
+    calls = _fastest_calls(monkeypatch)
     solver = make_solver("chain", graph, profile, refine_seconds=0.5)
     lowest = solver.minimum().predicted_peak_bytes
     solver.solve((lowest + solver.baseline.predicted_peak_bytes) // 2)
-    assert asked[0] == (lowest, True)
-    assert all(not drop for _, drop in asked[1:]) and len(asked) == 2
+    assert (calls[0].budget, calls[0].drop) == (lowest, True)
+    assert not calls[1].drop and len(calls) == 2
 
 
 def test_a_step_paced_in_holes_searches_its_budgets_as_in_a_hole(cnn, monkeypatch):
     # catches: the sweep's word that its budgets lie in holes lost on the way from the step
     # (what Planner.sweep paces) to the refiner, whose searches there would run windows only
     graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
-    holes: list[bool] = []
-    fastest = Refiner.fastest
-
-    def recorded(self, budget, start, seconds, drop=False, in_hole=False):
-        holes.append(in_hole)
-        return fastest(self, budget, start, seconds, drop, in_hole)
-
-    monkeypatch.setattr(Refiner, "fastest", recorded)
+    calls = _fastest_calls(monkeypatch)
     solver = make_solver("chain", graph, profile, refine_seconds=0.5)
     step = StepSolver([graph], [solver], graph.static_bytes())
     lowest = step.minimum().predicted_peak_bytes
@@ -1417,7 +1396,7 @@ def test_a_step_paced_in_holes_searches_its_budgets_as_in_a_hole(cnn, monkeypatc
     step.solve((2 * lowest + high) // 3)
     step.pace(1, in_holes=True)
     step.solve((lowest + 2 * high) // 3)
-    assert holes == [False, False, True]
+    assert [c.in_hole for c in calls] == [False, False, True]
 
 
 def test_least_peak_windows_begin_where_the_peak_is_and_budget_windows_where_time_goes():
