@@ -258,7 +258,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"{format_bytes(front.baseline_peak_bytes)}; "
         f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}"
     )
-    for line in (front.floor_note(), front.nothing_lower()):
+    for line in (front.floor_note(), front.table_note(), front.nothing_lower()):
         if line:
             print(line)
     return 0

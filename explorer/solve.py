@@ -120,6 +120,9 @@ class SetupReport:
     table_schedules: int = 0  # distinct schedules read out of the table and simulated
     milp_size: int = 0  # recomputation binaries of the whole-step MILP
     refines: bool = False  # whether solve() refines with it
+    # whether a sweep's budgets but the least peak take the table's answers (a step above
+    # MAX_WINDOWED_SIZE whose refinement time is under LARGE_SWEEP_TOTAL)
+    table_budgets: bool = False
 
 
 class Solver:
@@ -235,6 +238,7 @@ class Solver:
             table_schedules=read,
             milp_size=self.milp.size,
             refines=self.refines,
+            table_budgets=self.least_only and not self.searches_budgets,
         )
         self._minimum: GraphSchedule | None = None
         self._save()

@@ -74,6 +74,7 @@ class StepSetup:
     table_schedules: int = 0  # schedules read out of the chain tables and simulated
     milp_size: int = 0  # recomputation binaries of the whole-step MILPs
     refines: bool = False  # whether any graph's answers are refined with its MILP
+    table_budgets: bool = False  # whether a graph's sweep keeps the table's answers (SetupReport)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -354,6 +355,7 @@ class StepSolver:
             table_schedules=sum(p.table_schedules for p in parts),
             milp_size=sum(p.milp_size for p in parts),
             refines=any(p.refines for p in parts),
+            table_budgets=any(p.table_budgets for p in parts),
         )
 
     def combine(self, schedules: list[GraphSchedule]) -> Schedule:

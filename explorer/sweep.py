@@ -119,6 +119,20 @@ class Front:
             f"{above:.2%} below it"
         )
 
+    def table_note(self) -> str | None:
+        """Where the sweep searched only the least peak (a step too large to search every
+        budget in its time: explorer.solve.LARGE_SWEEP_TOTAL), what would search the rest,
+        in words; None otherwise."""
+        if not self.setup.get("table_budgets"):
+            return None
+        size = self.setup.get("milp_size", 0)
+        return (
+            f"points but the least peak are the chain table's answers (the step has {size:,} "
+            "recomputation binaries, too many to search every budget in the sweep's time); a "
+            'budget asked by itself (Planner.solve, "Solve this budget") is searched, and '
+            "REMAT_EXPLORER_SEARCH_SECONDS=150 has a sweep search every budget"
+        )
+
     def to_dict(self) -> dict:
         return {
             "schema": SCHEMA,

@@ -5,6 +5,7 @@ Each test names, in a comment, the deliberate break of the code that it catches 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -28,7 +29,7 @@ from explorer.progress import CancelToken
 from explorer.rotor import ChainTable, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.solve import REFINE_SECONDS, REFINE_TOTAL
-from explorer.solvers import cbc, refine
+from explorer.solvers import cbc, refine, registry
 from explorer.solvers.milp import MilpResult, Relaxation, StepMilp
 from explorer.solvers.refine import (
     DROP_SHARE,
@@ -49,6 +50,7 @@ from explorer.stage_ilp import build_problem, keep_all_option, solve_option
 from explorer.step import StepSolver
 from explorer.sweep import (
     LOWER_ASKS,
+    Front,
     FrontPoint,
     _hole_budget,
     hole_budgets,
@@ -1023,6 +1025,23 @@ def test_a_large_steps_sweep_searches_its_budgets_only_when_given_the_time(cnn, 
     recomputing = sweep(solve.LARGE_SWEEP_TOTAL)
     assert len(recomputing) >= 2 and set(recomputing) <= {c.budget for c in calls}
     assert REFINE_TOTAL < solve.LARGE_SWEEP_TOTAL
+
+
+def test_a_front_says_where_its_points_are_the_tables_answers(cnn, tmp_path, monkeypatch):
+    # catches: a large step's front (resnet50's, mobilenet_v2's) whose points but the least
+    # peak are table answers with nothing to say so, nor what would search them
+    assert not cnn.solver().setup.table_budgets  # a small step's budgets are all searched
+    monkeypatch.setattr(solve, "MAX_WINDOWED_SIZE", 0)
+    large = functools.partial(registry.SOLVERS["chain"], max_refine_size=0)
+    monkeypatch.setitem(registry.SOLVERS, "chain", large)
+    plan = planner("sample:tiny_cnn", 4, 32)
+    plan.use_profile(cnn.profile())
+    front = plan.sweep(points=4)
+    note = front.table_note()
+    assert note is not None and "REMAT_EXPLORER_SEARCH_SECONDS=150" in note
+    assert f"{front.setup['milp_size']:,} recomputation binaries" in note
+    front.save(tmp_path / "front.json")
+    assert Front.load(tmp_path / "front.json").table_note() == note
 
 
 def test_planner_solve_asks_its_budget_alone(cnn, monkeypatch):

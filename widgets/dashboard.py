@@ -204,11 +204,11 @@ class Dashboard(ipw.VBox):
         self.budget.keep_only(keep)
         note = f"; peers not measured: {', '.join(not_measured)}" if not_measured else ""
         pick = front.nothing_lower() or "move the budget slider to pick one"
-        floor = front.floor_note()
+        notes = "".join(f"; {n}" for n in (front.floor_note(), front.table_note()) if n)
         count = len(front.points)
         self.status.ok(
             f"swept {count} Pareto point{'s' if count != 1 else ''} in {seconds:.1f} s; "
-            f"{pick}{note}{f'; {floor}' if floor else ''}{self._caveats()}"
+            f"{pick}{note}{notes}{self._caveats()}"
         )
 
     def _on_point(self, point: Any) -> None:
