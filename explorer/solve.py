@@ -38,7 +38,7 @@ from explorer.solvers.background import BackgroundSearch, search_least_peak
 from explorer.solvers.cache import SolverCache, digest
 from explorer.solvers.floor import StepFloor
 from explorer.solvers.milp import Relaxation, StepMilp
-from explorer.solvers.refine import FASTEST, WHOLE_SHARE, Refiner, largest_bound
+from explorer.solvers.refine import FASTEST, WHOLE_SHARE, Refined, Refiner, largest_bound
 from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
 from explorer.stage_ilp import (
     StageOption,
@@ -532,11 +532,7 @@ class Solver:
         if seconds < 0.5:
             return
         self.milp.build()  # in this process: a background one searches the least peak only
-        started = time.perf_counter()
-        drop = budget <= self.answers.lowest().predicted_peak_bytes
-        refined = self._refiner().fastest(budget, start, seconds, drop)
-        self.refine_left -= time.perf_counter() - started
-        self.answers.add(refined.schedule)
+        refined = self._search(budget, start, seconds)
         self._floors_at([budget])  # its label's bound (a sweep's floors may bound it better)
         bound = largest_bound([refined.bound, self._carried_floor(budget)])
         self.cache.put_label(str(budget), False, bound)
@@ -657,14 +653,7 @@ class Solver:
         """Improve on `start` at `budget` (or recall an earlier run at this budget from the
         cache); ('optimal', 0) if proven, else ('feasible', gap to the proven bound)."""
         if label is None:
-            started = time.perf_counter()
-            # at the least peak known, the start is the least-peak search's, found without
-            # counting time: drop what it need not recompute first
-            drop = budget <= self.answers.lowest().predicted_peak_bytes
-            seconds = self._refine_time(effort)
-            refined = self._refiner().fastest(budget, start, seconds, drop, self.in_holes)
-            self.refine_left -= time.perf_counter() - started
-            self.answers.add(refined.schedule)
+            refined = self._search(budget, start, self._refine_time(effort), self.in_holes)
             label = (refined.optimal, refined.bound)
             self.cache.put_label(str(budget), *label)
             self._save()
@@ -673,6 +662,20 @@ class Solver:
         best = self.answers.best_within(budget)
         redo = best.predicted_seconds - self.baseline.predicted_seconds
         return "feasible", relative_gap(redo, label[1])
+
+    def _search(
+        self, budget: int, start: GraphSchedule, seconds: float, in_hole: bool = False
+    ) -> Refined:
+        """The refiner's search for the fastest schedule within `budget` from `start`, its
+        time taken from what is left; every schedule it takes joins the answers."""
+        started = time.perf_counter()
+        # at the least peak known, the start is the least-peak search's, found without
+        # counting time: drop what it need not recompute first
+        drop = budget <= self.answers.lowest().predicted_peak_bytes
+        refined = self._refiner().fastest(budget, start, seconds, drop, in_hole)
+        self.refine_left -= time.perf_counter() - started
+        self.answers.add(refined.schedule)
+        return refined
 
     def _refiner(self) -> Refiner:
         """One refiner for all budgets: it learns whether whole-model runs pay off here (but

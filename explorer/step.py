@@ -446,7 +446,7 @@ class StepSolver:
                 return solver.solve_alone(budget_bytes - self.beyond_graph_bytes)
             return solver.solve(budget_bytes - self.beyond_graph_bytes, search=search)
         except BelowMinimum:
-            lowest = self.solvers[0].lowest()
+            lowest = solver.lowest()
             if self.combine([lowest]).predicted_peak_bytes <= budget_bytes:
                 return lowest
             raise self._below_minimum(budget_bytes, self.lowest_known()) from None

@@ -15,7 +15,7 @@ from explorer.errors import UserError
 from explorer.files import read_json, write_atomic
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
-from explorer.solve import Solver
+from explorer.solve import LARGE_SWEEP_TOTAL, Solver
 from explorer.solvers.answers import relative_gap
 from explorer.units import below_minimum, format_bytes, parse_budget
 
@@ -130,7 +130,7 @@ class Front:
             f"points but the least peak are the chain table's answers (the step has {size:,} "
             "recomputation binaries, too many to search every budget in the sweep's time); a "
             'budget asked by itself (Planner.solve, "Solve this budget") is searched, and '
-            "REMAT_EXPLORER_SEARCH_SECONDS=150 has a sweep search every budget"
+            f"REMAT_EXPLORER_SEARCH_SECONDS={LARGE_SWEEP_TOTAL:g} has a sweep search every budget"
         )
 
     def to_dict(self) -> dict:
