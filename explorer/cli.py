@@ -269,13 +269,42 @@ def cmd_export(args: argparse.Namespace) -> int:
     from explorer.sweep import Front
 
     front = Front.load(args.front)
-    schedule = front.at_budget(args.budget)
-    path = write_module(schedule, front.model, args.out, force=args.force)
+    if args.search:
+        schedule, made_for = _searched(front, args)
+    else:
+        schedule, made_for = front.at_budget(args.budget), front.model
+    path = write_module(schedule, made_for, args.out, force=args.force)
     print(
         f"wrote {path}: predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
         f"overhead {schedule.predicted_overhead:+.1%}"
     )
     return 0
+
+
+def _searched(front, args: argparse.Namespace):
+    """`export --search`: the budget solved by itself (explorer.frontsearch), said on stderr
+    against the front's point within it; the schedule and what its file records."""
+    import time
+
+    from explorer.files import check_writable_folder
+    from explorer.frontsearch import planner_of, search_budget
+    from explorer.solvers.registry import search_seconds
+
+    search_seconds()  # a bad $REMAT_EXPLORER_SEARCH_SECONDS: refused before any work
+    check_writable_folder(Path(args.out).parent)
+    started = time.perf_counter()
+    plan = planner_of(front, Path(args.front).parent)
+    print("solving the budget by itself with the sweep's profile", file=sys.stderr)
+    schedule, better = search_budget(front, plan, args.budget)
+    took = time.perf_counter() - started
+    if not better:
+        print(
+            f"searched in {took:.1f} s: nothing faster than the front's point within the budget",
+            file=sys.stderr,
+        )
+        return schedule, front.model
+    print(f"searched in {took:.1f} s: {schedule.status}, gap {schedule.gap:.2%}", file=sys.stderr)
+    return schedule, schedule.context.made_for()
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -392,6 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the .py file to write; an existing file is replaced only if it is a schedule",
     )
     p.add_argument("--force", action="store_true", help="replace --out whatever it holds")
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="solve the budget by itself rather than take the front's point within it: the "
+        "model is built again from its SPEC and solved with the profile.json and solver cache "
+        "beside --front (seconds; on a large step the front's points are the chain table's)",
+    )
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("verify", help="check an exported schedule against the unmodified model")

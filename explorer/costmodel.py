@@ -26,7 +26,14 @@ import torch
 from torch import nn
 
 from explorer.backend import module_inside
-from explorer.devices import COMPUTE_EFFICIENCY, DEVICES, MEASURED, Device, device_names
+from explorer.devices import (
+    COMPUTE_EFFICIENCY,
+    DEVICES,
+    MEASURED,
+    PREDICTED,
+    Device,
+    device_names,
+)
 from explorer.errors import RematWarning, UserError, first_line
 from explorer.graph import PLACEHOLDER, Graph, Node, TensorMeta, dense_bytes
 from explorer.losses import loss_name
@@ -130,7 +137,7 @@ def analytic_profile(graph: Graph, device_name: str) -> Profile:
     dev = device(device_name)
     seconds = {n.name: node_seconds(graph, n, dev) for n in graph.nodes if n.phase != PLACEHOLDER}
     return Profile(
-        graph.fingerprint(), f"model:{device_name.lower()}", dev.name, seconds, {}, graph
+        graph.fingerprint(), f"{PREDICTED}{device_name.lower()}", dev.name, seconds, {}, graph
     )
 
 
@@ -305,7 +312,7 @@ def _predicted(plan, device_name: str):
     plan.use_profile(
         StepProfile(
             profiles,
-            f"model:{device_name.lower()}",
+            f"{PREDICTED}{device_name.lower()}",
             f"{device(device_name).name} (cost model)",
             loss=loss_name(plan.loss),
             gradients_held=plan.gradients_held,

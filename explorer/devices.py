@@ -12,6 +12,7 @@ from dataclasses import dataclass
 COMPUTE_EFFICIENCY = 0.6  # share of peak FLOPs that large convolutions and products reach
 MEMORY_EFFICIENCY = 0.8  # share of peak bandwidth that streaming kernels reach
 MEASURED = "cpu"  # the name of this machine's CPU, whose rates are measured, not listed
+PREDICTED = "model:"  # a predicted profile's device: this, then the name planned for
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from torch import nn
 from explorer import metadevice
 from explorer.backend import input_signature, module_inside, parameter_signature
 from explorer.capture import CapturedGraph, capture
+from explorer.devices import PREDICTED
 from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
 from explorer.errors import UserError
 from explorer.export import write_module
@@ -351,6 +352,8 @@ class Planner:
             point.schedule.context = self
         setup = solver.setup.to_dict()
         setup["device"] = self._profile.device_name if self._profile else ""
+        if self._profile and self._profile.device.startswith(PREDICTED):  # sweep --plan-for
+            setup["plan_for"] = self._profile.device.removeprefix(PREDICTED)
         return Front(
             model=self.made_for(),
             fingerprint=solver.fingerprint,

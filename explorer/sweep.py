@@ -129,8 +129,9 @@ class Front:
         return (
             f"points but the least peak are the chain table's answers (the step has {size:,} "
             "recomputation binaries, too many to search every budget in the sweep's time); a "
-            'budget asked by itself (Planner.solve, "Solve this budget") is searched, and '
-            f"REMAT_EXPLORER_SEARCH_SECONDS={LARGE_SWEEP_TOTAL:g} has a sweep search every budget"
+            'budget asked by itself (export --search, Planner.solve, "Solve this budget") is '
+            f"searched, and REMAT_EXPLORER_SEARCH_SECONDS={LARGE_SWEEP_TOTAL:g} has a sweep "
+            "search every budget"
         )
 
     def to_dict(self) -> dict:
