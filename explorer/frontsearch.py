@@ -10,6 +10,7 @@ so that the step solved is the one the front was made for, with the same operato
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ def planner_of(front: Front, folder: Path):
             f"the front was made for a model without a SPEC ({model['name']}): solve the "
             "budget from Python with Planner.solve"
         )
+    _time_limit(front)  # a corrupt one refused before the model is built
     if made.get("autocast") not in (None, *AUTOCAST):
         raise UserError(f"the front was planned under an unknown autocast {made['autocast']!r}")
     plan_for = front.setup.get("plan_for")
@@ -59,8 +61,9 @@ def search_budget(front: Front, plan, budget: int | str | float) -> tuple[Schedu
     """The fastest schedule within `budget`, solved by itself with `plan` (planner_of), and
     whether it beats the front's point within it (if not, that point is returned: never a
     slower schedule)."""
-    plan.solver(name=front.setup.get("solver"))
-    searched = plan.solve(budget)
+    time_limit = _time_limit(front)
+    plan.solver(time_limit, name=front.setup.get("solver"))
+    searched = plan.solve(budget, time_limit)
     try:
         swept = front.at_budget(budget)
     except UserError:  # under the front's least peak: the search found one lower
@@ -68,6 +71,14 @@ def search_budget(front: Front, plan, budget: int | str | float) -> tuple[Schedu
     if searched.predicted_overhead < swept.predicted_overhead:
         return searched, True
     return swept, False
+
+
+def _time_limit(front: Front) -> float | None:
+    """The time limit the front's solver had (sweep --time-limit), or None."""
+    limit = front.setup.get("time_limit")
+    if limit is not None and not (isinstance(limit, (int, float)) and 0 < limit < math.inf):
+        raise UserError(f"the front's time limit {limit!r} is not a number of seconds")
+    return limit
 
 
 def _measured(made: dict, model: dict):

@@ -352,6 +352,7 @@ class Planner:
             point.schedule.context = self
         setup = solver.setup.to_dict()
         setup["device"] = self._profile.device_name if self._profile else ""
+        setup["time_limit"] = time_limit  # the solver's, for a search of the front's budgets
         if self._profile and self._profile.device.startswith(PREDICTED):  # sweep --plan-for
             setup["plan_for"] = self._profile.device.removeprefix(PREDICTED)
         return Front(

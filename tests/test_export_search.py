@@ -100,6 +100,7 @@ def _edited(**changes):
             _edited(model=lambda m: {**m, "model": {**m["model"], "buildable": False}}),
             "without a SPEC",
         ),
+        (_edited(setup=lambda s: {**s, "time_limit": "5"}), "not a number of seconds"),
     ],
 )
 def test_what_cannot_be_searched_again_is_refused_in_one_line(
