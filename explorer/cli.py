@@ -292,6 +292,7 @@ def _searched(front, args: argparse.Namespace):
 
     search_seconds()  # a bad $REMAT_EXPLORER_SEARCH_SECONDS: refused before any work
     check_writable_folder(Path(args.out).parent)
+    front.at_budget(args.budget)  # a budget under the front's least peak: refused at once
     started = time.perf_counter()
     plan = planner_of(front, Path(args.front).parent)
     print("solving the budget by itself with the sweep's profile", file=sys.stderr)

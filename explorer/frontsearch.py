@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from explorer.errors import UserError
+from explorer.errors import BelowMinimum, UserError
 from explorer.schedule import Schedule
 from explorer.sweep import Front
 
@@ -60,14 +60,16 @@ def planner_of(front: Front, folder: Path):
 def search_budget(front: Front, plan, budget: int | str | float) -> tuple[Schedule, bool]:
     """The fastest schedule within `budget`, solved by itself with `plan` (planner_of), and
     whether it beats the front's point within it (if not, that point is returned: never a
-    slower schedule)."""
+    slower schedule). A budget under the front's least peak is refused as `export` refuses
+    it; one the front meets is never refused (a solver without the sweep's cache may not
+    know the sweep's least peak)."""
+    swept = front.at_budget(budget)
     time_limit = _time_limit(front)
     plan.solver(time_limit, name=front.setup.get("solver"))
-    searched = plan.solve(budget, time_limit)
     try:
-        swept = front.at_budget(budget)
-    except UserError:  # under the front's least peak: the search found one lower
-        return searched, True
+        searched = plan.solve(budget, time_limit)
+    except BelowMinimum:
+        return swept, False
     if searched.predicted_overhead < swept.predicted_overhead:
         return searched, True
     return swept, False

@@ -118,6 +118,34 @@ def test_what_cannot_be_searched_again_is_refused_in_one_line(
     assert not target.exists()
 
 
+def test_a_budget_under_the_fronts_least_peak_is_refused_before_any_work(capsys, tiny, tmp_path):
+    # catches: a budget export refuses built, traced and solved for tens of seconds before
+    # the same refusal, under a progress line
+    target = tmp_path / "never.py"
+    assert_refused(capsys, export_args(tiny, target, "--search", budget="0.01"),
+                   "below the front's minimum")  # fmt: skip
+    assert not target.exists()
+
+
+def test_a_budget_the_front_meets_is_written_if_the_search_refuses_it(
+    capsys, monkeypatch, tiny, tmp_path
+):
+    # catches: a solver made without the sweep's cache (whose least peak it does not know)
+    # refusing a budget the front meets, as under its own minimum
+    from explorer.planner import Planner
+    from explorer.units import below_minimum
+
+    def refuse(plan, budget, *args):
+        raise below_minimum(1, 2, "the solver's minimum", 3, 0)
+
+    monkeypatch.setattr(Planner, "solve", refuse)
+    target = tmp_path / "front_point.py"
+    code, err = run(capsys, *export_args(tiny, target, "--search", budget=BUDGET))
+    assert code == 0, err
+    swept, written = _overheads(tiny, target)
+    assert written == swept
+
+
 def test_a_slower_search_writes_the_fronts_point(capsys, monkeypatch, tiny, tmp_path):
     # catches: --search trusting the search over the sweep; here the search is made to answer
     # the least peak's budget, slower than the front's point within BUDGET
