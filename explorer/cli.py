@@ -286,12 +286,13 @@ def _searched(front, args: argparse.Namespace):
     against the front's point within it; the schedule and what its file records."""
     import time
 
-    from explorer.files import check_writable_folder
+    from explorer.export import is_schedule_file
+    from explorer.files import check_module_target
     from explorer.frontsearch import planner_of, search_budget
     from explorer.solvers.registry import search_seconds
 
     search_seconds()  # a bad $REMAT_EXPLORER_SEARCH_SECONDS: refused before any work
-    check_writable_folder(Path(args.out).parent)
+    check_module_target(Path(args.out), force=args.force, is_schedule=is_schedule_file)
     front.at_budget(args.budget)  # a budget under the front's least peak: refused at once
     started = time.perf_counter()
     plan = planner_of(front, Path(args.front).parent)

@@ -118,12 +118,23 @@ def test_what_cannot_be_searched_again_is_refused_in_one_line(
     assert not target.exists()
 
 
-def test_a_budget_under_the_fronts_least_peak_is_refused_before_any_work(capsys, tiny, tmp_path):
-    # catches: a budget export refuses built, traced and solved for tens of seconds before
-    # the same refusal, under a progress line
-    target = tmp_path / "never.py"
-    assert_refused(capsys, export_args(tiny, target, "--search", budget="0.01"),
-                   "below the front's minimum")  # fmt: skip
+@pytest.mark.parametrize(
+    ("out", "budget", "expected"),
+    [
+        ("never.py", "0.01", "below the front's minimum"),
+        ("half0.5.py", BUDGET, "must be a Python module name"),
+    ],
+)
+def test_what_export_refuses_is_refused_before_any_work(
+    capsys, monkeypatch, tiny, tmp_path, out, budget, expected
+):
+    # catches: a budget or a file name export refuses found out after the model was built,
+    # traced and solved (tens of seconds on a large step), under a progress line
+    from explorer import frontsearch
+
+    monkeypatch.setattr(frontsearch, "planner_of", lambda *a: pytest.fail("built the model"))
+    target = tmp_path / out
+    assert_refused(capsys, export_args(tiny, target, "--search", budget=budget), expected)
     assert not target.exists()
 
 
