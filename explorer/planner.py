@@ -283,6 +283,7 @@ class Planner:
                         profile.graphs[k],
                         eager=profile.graphs[k].eager if single else EagerPeaks(),
                         layout_copies=copies,
+                        handed_tangents=self._captured[k].handoff.freed_tangents(),
                     ),
                     time_limit=time_limit,
                     max_stages=self.max_stages,

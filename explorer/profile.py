@@ -52,6 +52,10 @@ class Profile:
     # gradients of the one before, which autograd adds to in place and never copies
     # (Planner(gradients_held=True); explorer.graph.Graph.grad_copy_bytes)
     layout_copies: bool = True
+    # set by the planner too: the tangents autograd hands this graph's backward (a loss's
+    # gradient of an output, a later graph's), freed after their last use rather than held
+    # through the backward as a user's are (explorer.program.Handoff.handed_tangents)
+    handed_tangents: frozenset[str] = frozenset()
 
     def time_of(self, node: str) -> float:
         return self.seconds.get(node, 0.0)

@@ -151,6 +151,11 @@ class Handoff:
     kept_by_eager: frozenset[ValueRef] = frozenset()
     read_earlier: tuple[tuple[str, int, str], ...] = ()
 
+    def freed_tangents(self) -> frozenset[str]:
+        """The handed tangents freed after their last use here (none where the runtime
+        keeps them): what a solver of this graph alone must know of its tangents."""
+        return frozenset() if self.handed_tangents_kept else self.handed_tangents
+
 
 @dataclass
 class StepProgram:

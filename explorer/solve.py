@@ -27,7 +27,7 @@ from pathlib import Path
 from explorer.chain import Chain, Stage, build_chain
 from explorer.graph import BACKWARD, Graph, ValueRef
 from explorer.profile import Profile
-from explorer.program import baseline_schedule, check_program, compile_program
+from explorer.program import Handoff, baseline_schedule, check_program, compile_program
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.rotor import ChainTable, Step, fresh_frontier_bytes, stage_costs
 from explorer.schedule import GraphSchedule
@@ -181,6 +181,7 @@ class Solver:
             sorted(profile.workspace.items()),
             profile.eager.to_dict(),
             profile.layout_copies,
+            sorted(profile.handed_tangents),
         ]
         self.cache = SolverCache(cache, digest([self.fingerprint, numbers, settings]))
         self.chain: Chain = build_chain(graph, self.seconds, max_stages)
@@ -188,7 +189,12 @@ class Solver:
         pinned = {ref[0] for ref in self.chain.pinned}
         self.space = Space(graph, order, pinned)
         facts = step_facts(
-            graph, order, profile.workspace, profile.eager.after_forward, profile.layout_copies
+            graph,
+            order,
+            profile.workspace,
+            profile.eager.after_forward,
+            profile.layout_copies,
+            profile.handed_tangents,
         )
         self.milp = StepMilp(self.space, facts, self.seconds)
         self.floor = StepFloor(self.milp)
@@ -709,7 +715,7 @@ def evaluate(
 ) -> GraphSchedule:
     """Fill in a schedule's predicted peak, time and recomputed operators by compiling and
     simulating it (the same accounting as the plots and verify's prediction)."""
-    program = compile_program(graph, schedule)
+    program = compile_program(graph, schedule, Handoff(handed_tangents=profile.handed_tangents))
     problem = check_program(graph, program)
     if problem is not None:
         raise RuntimeError(f"internal error: schedule does not run: {problem}")

@@ -28,7 +28,7 @@ from explorer.graph import (
     ValueRef,
 )
 from explorer.profile import Profile
-from explorer.program import check_program, compile_program
+from explorer.program import Handoff, check_program, compile_program
 from explorer.simulate import simulate
 from explorer.solvers.space import Space
 
@@ -176,10 +176,14 @@ def chain_step(sizes: list[int], seconds: list[float] | None = None) -> tuple[Gr
     return b.build(x)
 
 
-def random_step(rng: random.Random, n_ops: int) -> tuple[Graph, Profile]:
+def random_step(
+    rng: random.Random, n_ops: int, head_bytes: int = 4, handed: bool = False
+) -> tuple[Graph, Profile]:
     """A random forward DAG on a spine: each operator reads the latest value and sometimes an
     earlier one (a skip connection); some are views, some save their output instead of their
-    inputs or nothing, now and then one is random (never recomputed)."""
+    inputs or nothing, now and then one is random (never recomputed). `handed`: the tangent
+    is handed over by autograd (a loss's gradient: freed after its last use, as
+    explorer.program.Handoff.handed_tangents), not held through the backward."""
     b = StepBuilder()
     values = [b.input("x", rng.choice([8, 16, 32]))]
     w = b.param("w", 4)
@@ -205,7 +209,10 @@ def random_step(rng: random.Random, n_ops: int) -> tuple[Graph, Profile]:
                 random_op=rng.random() < 0.08,
             )
         )
-    return b.build(b.op("head", [values[-1]], 4))
+    graph, profile = b.build(b.op("head", [values[-1]], head_bytes))
+    if handed:
+        profile.handed_tangents = frozenset(n.name for n in graph.placeholders(ROLE_TANGENT))
+    return graph, profile
 
 
 def brute_force(space: Space, graph: Graph, profile: Profile, limit: int = 1 << 14):
@@ -222,7 +229,7 @@ def brute_force(space: Space, graph: Graph, profile: Profile, limit: int = 1 << 
         for t, pick in zip(stages, picks, strict=True):
             windows[t] = list(pick)
         schedule = space.lower(windows, graph.fingerprint())
-        program = compile_program(graph, schedule)
+        program = compile_program(graph, schedule, Handoff(handed_tangents=profile.handed_tangents))
         if check_program(graph, program) is not None:
             continue
         peak = simulate(graph, program).peak_bytes

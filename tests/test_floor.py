@@ -23,14 +23,21 @@ from explorer.solvers.registry import make_solver
 from explorer.sweep import Front, sweep_budgets
 
 
-@pytest.mark.parametrize("seed,n_ops", [(0, 5), (3, 5), (4, 5), (11, 5), (25, 5), (26, 6)])
-def test_no_point_of_the_space_is_under_the_floor(seed, n_ops):
+@pytest.mark.parametrize(
+    "seed,n_ops,handed",
+    [(0, 5, False), (3, 5, False), (4, 5, False), (11, 5, False), (25, 5, False), (26, 6, False),
+     (0, 5, True), (4, 5, True), (11, 5, True)],
+)  # fmt: skip
+def test_no_point_of_the_space_is_under_the_floor(seed, n_ops, handed):
     # catches: a row that counts a storage the schedule need not hold, or an operator run
     # again whose inputs must be saved (not made again themselves: seed 26 of 6 operators
     # needs that), either of which passes the least peak or the least seconds at some
     # budget: every point of the space is enumerated and compared with the floors. (The
-    # module as it is passed this on seeds 0 to 79 of 5 and 6 operators.)
-    graph, profile = random_step(random.Random(seed), n_ops)
+    # module as it is passed this on seeds 0 to 79 of 5 and 6 operators.) `handed`: the
+    # tangent a loss hands the backward, counted through the whole backward where the step
+    # frees it after its last use
+    head = 64 if handed else 4
+    graph, profile = random_step(random.Random(seed), n_ops, head_bytes=head, handed=handed)
     solver = make_solver("table", graph, profile)
     points = brute_force(solver.space, graph, profile)
     assert points, "the enumeration found no valid schedule"

@@ -71,9 +71,12 @@ def step_facts(
     workspace: dict[str, int] | None = None,
     after_forward: int = 0,
     layout_copies: bool = True,
+    handed_tangents: frozenset[str] = frozenset(),
 ) -> StepFacts:
     """Split the step's memory into fixed parts and forward storages (see module docstring).
-    `layout_copies`: as in explorer.simulate.simulate."""
+    `layout_copies`: as in explorer.simulate.simulate. `handed_tangents`: tangents autograd
+    hands the backward (explorer.program.Handoff), alive until their last use rather than
+    through the whole backward."""
     workspace = workspace or {}
     forward = [n.name for n in graph.nodes if n.phase in (FORWARD, EFFECT)]
     fpos = {name: p for p, name in enumerate(forward)}
@@ -98,7 +101,17 @@ def step_facts(
             store.held = store.held or ref in outputs
 
     backward_before, backward_at, kept_to_end = _backward_storages(graph, order, owner, storages)
-    tangents = sum(n.out_bytes for n in graph.placeholders(ROLE_TANGENT))
+    handed = [n for n in graph.placeholders(ROLE_TANGENT) if n.name in handed_tangents]
+    for node in handed:
+        last = _last_alive(graph, order, owner, (node.name, 0))
+        for t in range(min(last, len(order) - 1) + 1):
+            backward_before[t] += node.out_bytes
+            backward_at[t] += node.out_bytes
+        if last >= len(order):
+            kept_to_end += node.out_bytes
+    tangents = sum(n.out_bytes for n in graph.placeholders(ROLE_TANGENT)) - sum(
+        n.out_bytes for n in handed
+    )
     static = graph.static_bytes()
     held = [s for s in storages.values() if s.held]
     forward_const = []
@@ -123,6 +136,24 @@ def step_facts(
         workspace=workspace,
         after_forward=static + outputs_bytes + after_forward if after_forward else None,
     )
+
+
+def _last_alive(
+    graph: Graph, order: list[str], owner: dict[ValueRef, ValueRef], root: ValueRef
+) -> int:
+    """The last backward position where storage `root` (a tangent) is alive: where a value
+    in it (it or a backward view) is made or read last; len(order) if the backward returns
+    one; -1 if none is read (the backward frees it before its first operator)."""
+    grads = {r for r in graph.input_grads if r is not None}
+    last = -1
+    for t, name in enumerate(order):
+        node = graph.node(name)
+        for i, meta in enumerate(node.outputs):
+            if meta is not None and owner.get((name, i)) == root:
+                last = len(order) if (name, i) in grads else max(last, t)
+        if any(owner.get(ref, ref) == root for ref in node.inputs):
+            last = max(last, t)
+    return last
 
 
 def _last_forward_reads(graph: Graph, forward: list[str]) -> dict[ValueRef, int]:
