@@ -293,7 +293,7 @@ def _searched(front, args: argparse.Namespace):
 
     search_seconds()  # a bad $REMAT_EXPLORER_SEARCH_SECONDS: refused before any work
     check_module_target(Path(args.out), force=args.force, is_schedule=is_schedule_file)
-    front.at_budget(args.budget)  # a budget under the front's least peak: refused at once
+    swept = front.at_budget(args.budget)  # under the front's least peak: refused at once
     started = time.perf_counter()
     plan = planner_of(front, Path(args.front).parent)
     print("solving the budget by itself with the sweep's profile", file=sys.stderr)
@@ -305,7 +305,12 @@ def _searched(front, args: argparse.Namespace):
             file=sys.stderr,
         )
         return schedule, front.model
-    print(f"searched in {took:.1f} s: {schedule.status}, gap {schedule.gap:.2%}", file=sys.stderr)
+    print(
+        f"searched in {took:.1f} s: overhead {schedule.predicted_overhead:+.1%} where the "
+        f"front's point within the budget has {swept.predicted_overhead:+.1%} "
+        f"({schedule.status}, gap {schedule.gap:.2%})",
+        file=sys.stderr,
+    )
     return schedule, schedule.context.made_for()
 
 
