@@ -109,9 +109,7 @@ def step_facts(
             backward_at[t] += node.out_bytes
         if last >= len(order):
             kept_to_end += node.out_bytes
-    tangents = sum(n.out_bytes for n in graph.placeholders(ROLE_TANGENT)) - sum(
-        n.out_bytes for n in handed
-    )
+    tangents = sum(n.out_bytes for n in graph.placeholders(ROLE_TANGENT) if n not in handed)
     static = graph.static_bytes()
     held = [s for s in storages.values() if s.held]
     forward_const = []
