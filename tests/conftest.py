@@ -29,6 +29,16 @@ def quick_search(monkeypatch):
     monkeypatch.setenv(SEARCH_SECONDS, str(QUICK_SEARCH_TOTAL))
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before the test, as PyTorch's own tests do: every PassBlock
+    (tests/helpers.py) a test builds and compiles adds entries for the one forward they all
+    share, and a worker that ran the tests building them reached Dynamo's recompile limit
+    (64), which the runtime makes an error (explorer.backend.dynamo_settings). For the tests
+    that build them."""
+    torch._dynamo.reset()
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip `gpu` tests without CUDA; move `slow` tests to the end, keeping each group's
     order (a stable sort), so a failure in a quick test shows before the long models run."""

@@ -317,6 +317,7 @@ def test_numpy_draws_are_numpys_own_in_the_wrapped_model():
         assert _same_grads(reference, wrapped.model), seed
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_a_path_that_runs_a_graph_again_is_warned_about_once():
     # catches: a step (another path than the one planned) running one graph more times than
     # the plan counts, going by without a word
@@ -353,6 +354,7 @@ class _RandomSkips(nn.Module):
         return x
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_a_random_branch_is_planned_on_the_path_verify_takes():
     # catches: the capture drawing from the caller's random state, so that the plan counts
     # the blocks another draw kept than verify's step (seed 0) keeps, and the prediction is
@@ -386,6 +388,7 @@ class _TwoSizes(nn.Module):
         return a.sum() + b.sum()
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_runs_beyond_the_plan_are_counted_per_graph_not_per_structure():
     # catches: a graph that runs more often than planned going by without a word because a
     # graph of the same structure (the same block at another batch size) runs less often
@@ -401,6 +404,7 @@ def test_runs_beyond_the_plan_are_counted_per_graph_not_per_structure():
         wrapped(a, b).backward()
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("shared", [False, True], ids=["four blocks", "one block four times"])
 def test_a_loop_whose_graph_runs_at_every_pass_is_planned_to_the_byte(shared):
     """Dynamo splits the loop at every pass and runs one graph for the second to the fourth
@@ -460,6 +464,7 @@ class _EagerBetween(nn.Module):
         return self.head(h + s.cos() + a.cos() + noise)
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_eager_code_between_graphs_is_predicted_after_every_operator():
     """What the model's operators outside every graph hold (explorer.eager), counted where it
     lives; the stem's output, which only eager code reads, freed when the forward returns; the

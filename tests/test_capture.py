@@ -111,6 +111,7 @@ def test_data_dependent_python_gives_several_graphs():
     assert all(any(n.phase == BACKWARD for n in g.graph.nodes) for g in graphs)
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_a_graph_run_more_than_once_gives_one_captured_run_each():
     # catches: a loop's graph, which Dynamo runs at every pass, captured once (a plan counting
     # one pass: the wrapped model's peak was 33% over its prediction), the runs out of order,

@@ -197,6 +197,7 @@ class ReadsAValue(nn.Module):
         return self.layer(x) if x.sum().item() >= 0 else -self.layer(x)
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_what_cannot_be_planned_for_a_device_is_one_clear_error():
     model, x = TiedLanguageModel(), torch.randint(0, 50, (2, 8))
     with pytest.raises(UserError, match="named loss"):
@@ -232,6 +233,7 @@ class EagerBetweenGraphs(nn.Module):
         return self.second(_widen(self.first(x)))
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_a_step_of_two_graphs_is_planned_on_the_meta_device_to_the_byte(tmp_path):
     # catches: a multi-graph step refused on the meta device, or what code outside the
     # graphs holds (the eager code's moments, the step's tangents) left uncounted there, so
