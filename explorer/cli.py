@@ -296,7 +296,8 @@ def _searched(front, args: argparse.Namespace):
     swept = front.at_budget(args.budget)  # under the front's least peak: refused at once
     started = time.perf_counter()
     plan = planner_of(front, Path(args.front).parent)
-    print("solving the budget by itself with the sweep's profile", file=sys.stderr)
+    times = "the cost model's times" if front.setup.get("plan_for") else "the sweep's profile"
+    print(f"solving the budget by itself with {times}", file=sys.stderr)
     schedule, better = search_budget(front, plan, args.budget)
     took = time.perf_counter() - started
     if not better:
