@@ -13,13 +13,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 from explorer.errors import BelowMinimum, UserError
 from explorer.schedule import Schedule
 from explorer.sweep import Front
-
-AUTOCAST = {str(torch.bfloat16): torch.bfloat16, str(torch.float16): torch.float16}
 
 
 def planner_of(front: Front, folder: Path):
@@ -27,21 +23,17 @@ def planner_of(front: Front, folder: Path):
     front planned with --plan-for: its cost model predicts again) and its solver cache.
     Refuses, in one line, a front whose model cannot be rebuilt or whose step differs."""
     from explorer.profile import StepProfile
+    from explorer.verify import AUTOCAST_DTYPES, recorded_spec
 
     made = front.model
-    model = made.get("model")
-    if not isinstance(model, dict) or not model.get("name"):
+    if not isinstance(made.get("model"), dict) or not made["model"].get("name"):
         raise UserError("the front does not record the model it was made for: sweep it again")
-    if not model.get("buildable"):
-        raise UserError(
-            f"the front was made for a model without a SPEC ({model['name']}): solve the "
-            "budget from Python with Planner.solve"
-        )
+    model = recorded_spec(made, "the front", "solve the budget from Python with Planner.solve")
     _time_limit(front)  # a corrupt one refused before the model is built
-    if made.get("autocast") not in (None, *AUTOCAST):
+    if made.get("autocast") not in (None, *AUTOCAST_DTYPES):
         raise UserError(f"the front was planned under an unknown autocast {made['autocast']!r}")
     plan_for = front.setup.get("plan_for")
-    plan = _planned(made, model, plan_for) if plan_for else _measured(made, model)
+    plan = _planned(made, model, plan_for) if plan_for else _measured(made)
     fingerprint = "+".join(g.fingerprint() for g in plan.capture())
     if fingerprint != front.fingerprint:
         raise UserError(
@@ -83,23 +75,17 @@ def _time_limit(front: Front) -> float | None:
     return limit
 
 
-def _measured(made: dict, model: dict):
-    from explorer.models import build
+def _measured(made: dict):
     from explorer.planner import Planner
+    from explorer.verify import build_recorded, recorded_autocast
 
-    built = build(
-        model["name"],
-        model.get("batch_size"),
-        model.get("input_size"),
-        device=str(made.get("device", "cpu")),
-        seed=int(made.get("seed", 0)),
-    )
+    built = build_recorded(made)
     return Planner(
         built.model,
         built.example_inputs,
         built.example_kwargs,
         spec=built.spec,
-        autocast=AUTOCAST.get(made.get("autocast")),
+        autocast=recorded_autocast(made),
         gradients_held=bool(made.get("gradients_held", False)),
         loss=made.get("loss"),
     )

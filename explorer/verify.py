@@ -375,7 +375,7 @@ def verify(
     made_for, schedule = read_module(path)
     loss = _loss_for(path, made_for, loss)
     reference, args, kwargs = _models(made_for, model, example_inputs, example_kwargs, device)
-    autocast = autocast or _dtype(made_for.get("autocast"))
+    autocast = autocast or recorded_autocast(made_for)
     candidate = copy_model(reference)
     exact_model = copy_model(reference)  # for the float64 run (autocast leaves float64 alone)
     try:
@@ -740,22 +740,39 @@ def _models(made_for, model, example_inputs, example_kwargs, device):
         args = example_inputs if example_inputs is not None else ()
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
         return as_trained(copy_model(module_inside(model))), args, dict(example_kwargs or {})
-    from explorer.models import build
+    recorded_spec(
+        made_for,
+        "this schedule",
+        "verify it from Python with explorer.verify(path, model=..., example_inputs=...)",
+    )
+    built = build_recorded(made_for, device)
+    return built.model, built.example_inputs, dict(built.example_kwargs)
 
+
+def recorded_spec(made_for: dict, made: str, instead: str) -> dict:
+    """The model record of a MADE_FOR (explorer.planner.Planner.made_for), refused in one line
+    where no SPEC builds that model again: `made` names what was made for it (a schedule, a
+    front), `instead` says what to do."""
     spec = made_for.get("model", {})
     if not spec.get("buildable"):
-        raise UserError(
-            f"this schedule was made for a model without a SPEC ({spec.get('name')}): "
-            "verify it from Python with explorer.verify(path, model=..., example_inputs=...)"
-        )
-    built = build(
+        name = spec.get("name")
+        raise UserError(f"{made} was made for a model without a SPEC ({name}): {instead}")
+    return spec
+
+
+def build_recorded(made_for: dict, device: str | None = None):
+    """The model and example inputs a MADE_FOR records (its SPEC checked by recorded_spec),
+    built again on `device` (None: the recorded one) from the recorded seed."""
+    from explorer.models import build
+
+    spec = made_for["model"]
+    return build(
         spec["name"],
-        spec["batch_size"],
+        spec.get("batch_size"),
         spec.get("input_size"),
         device or made_for.get("device", "cpu"),
         seed=made_for.get("seed", 0),
     )
-    return built.model, built.example_inputs, dict(built.example_kwargs)
 
 
 def _fresh_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -770,8 +787,13 @@ def _fresh_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}
 
 
-def _dtype(name: str | None) -> torch.dtype | None:
-    return {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}.get(name or "")
+# the autocast dtypes a MADE_FOR may name (Planner.made_for writes str(dtype))
+AUTOCAST_DTYPES = {str(torch.bfloat16): torch.bfloat16, str(torch.float16): torch.float16}
+
+
+def recorded_autocast(made_for: dict) -> torch.dtype | None:
+    """The autocast dtype a MADE_FOR records (None: none, or one not known)."""
+    return AUTOCAST_DTYPES.get(made_for.get("autocast") or "")
 
 
 @contextlib.contextmanager
