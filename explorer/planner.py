@@ -346,9 +346,10 @@ class Planner:
     ) -> Front:
         """Solve `points` budgets from the feasible minimum to no recomputation."""
         solver = self.solver(time_limit, cancel=cancel)
-        found = sweep_budgets(
-            solver, points, progress=progress, on_point=self._attach(on_point), cancel=cancel
-        )
+        with solver.cancelled_by(cancel):
+            found = sweep_budgets(
+                solver, points, progress=progress, on_point=self._attach(on_point), cancel=cancel
+            )
         for point in found:
             point.schedule.context = self
         setup = solver.setup.to_dict()
@@ -379,14 +380,21 @@ class Planner:
 
         return forward
 
-    def solve(self, budget: int | str | float, time_limit: float | None = None) -> Schedule:
+    def solve(
+        self,
+        budget: int | str | float,
+        time_limit: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> Schedule:
         """The fastest schedule within `budget`: bytes, "4GB", or a fraction (see
         explorer.units.parse_budget: 0.5 keeps half of the activation memory). Asked by
         itself, a budget of a step too large to refine every budget of a sweep is searched
-        longer than a sweep's (explorer.solve.LARGE_ALONE_SECONDS)."""
-        solver = self.solver(time_limit)
+        longer than a sweep's (explorer.solve.LARGE_ALONE_SECONDS). `cancel` stops it
+        between CBC runs (Cancelled); what it found so far stays known to later calls."""
+        solver = self.solver(time_limit, cancel=cancel)
         limit = parse_budget(budget, solver.baseline.predicted_peak_bytes, solver.fixed_bytes)
-        schedule = solver.solve(limit, alone=True)
+        with solver.cancelled_by(cancel):
+            schedule = solver.solve(limit, alone=True)
         schedule.context = self
         return schedule
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -162,7 +164,9 @@ class Solver:
         self.profile = profile
         self.seconds = profile.seconds
         self.fingerprint = graph.fingerprint()
-        self.cancel = cancel
+        # the token of the call in progress (`cancelled_by`); `cancel` serves the making only,
+        # so that a token once set stops no later call
+        self.cancel: CancelToken | None = None
         if refine_seconds is None:
             refine_seconds = (
                 REFINE_SECONDS if time_limit is None else min(REFINE_SECONDS, time_limit)
@@ -702,8 +706,20 @@ class Solver:
                 whole_runs=self.whole_runs,
                 parallel=True,
                 follow_peak=self.least_only,
+                check=lambda: check_cancel(self.cancel),
             )
         return self.refiner
+
+    @contextmanager
+    def cancelled_by(self, cancel: CancelToken | None) -> Iterator[None]:
+        """Calls made inside stop at `cancel`, between CBC runs (Cancelled): a token belongs
+        to one call, a sweep or a budget, since one kept after it would stop every later call
+        once set (a dashboard's Cancel did so for every sweep and solve after it)."""
+        before, self.cancel = self.cancel, cancel
+        try:
+            yield
+        finally:
+            self.cancel = before
 
     @staticmethod
     def _copy(schedule: GraphSchedule) -> GraphSchedule:

@@ -45,12 +45,15 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import BelowMinimum
 from explorer.graph import ROLE_TANGENT, Graph, ValueRef
 from explorer.program import EagerCode, Handoff, StepProgram, compile_program, storage_slots
+from explorer.progress import CancelToken
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import BEFORE_FORWARD, Timeline, simulate
 from explorer.units import below_minimum
@@ -339,6 +342,15 @@ class StepSolver:
         single_fixed = solvers[0].fixed_bytes + self.beyond_graph_bytes
         self.fixed_bytes = single_fixed if self.single else self.static_bytes + grads + unreached
         self._minimum: Schedule | None = None
+
+    @contextmanager
+    def cancelled_by(self, cancel: CancelToken | None) -> Iterator[None]:
+        """Every graph's solver stops at `cancel` for the calls made inside (see
+        explorer.solve.Solver.cancelled_by)."""
+        with ExitStack() as stack:
+            for solver in self.solvers:
+                stack.enter_context(solver.cancelled_by(cancel))
+            yield
 
     @property
     def setup(self) -> StepSetup:

@@ -155,10 +155,10 @@ def test_cancelling_or_dropping_a_solver_ends_its_background_process(cnn, monkey
     monkeypatch.setattr(solve, "MAX_WINDOWED_SIZE", 0)
     graph, profile = cnn
     token = CancelToken()
-    large = make_solver("chain", graph, profile, max_refine_size=0, cancel=token)
+    large = make_solver("chain", graph, profile, max_refine_size=0)
     pid = large.background.pid
     token.cancel()
-    with pytest.raises(Cancelled):
+    with pytest.raises(Cancelled), large.cancelled_by(token):
         large._least_of_large_step()
     assert not _running(pid)
     dropped = make_solver("chain", graph, profile, max_refine_size=0)

@@ -316,7 +316,9 @@ def test_errors_show_one_line_in_the_status(tmp_path) -> None:
 
 
 def test_cancel_stops_a_sweep_midway(tmp_path) -> None:
-    dashboard = new_dashboard(tmp_path, points=8)
+    # a time limit of its own: the sweep prepares its solver (the profile's baseline prepared
+    # the default one) and once kept its token
+    dashboard = new_dashboard(tmp_path, points=8, time_limit=30.0)
     dashboard.profile_button.click()
     finish(dashboard)
     sweep = dashboard.planner.sweep
@@ -338,6 +340,39 @@ def test_cancel_stops_a_sweep_midway(tmp_path) -> None:
     assert dashboard.front is None
     assert 1 <= len(dashboard.pareto.figure.data[FRONT].x) < 8
     assert not dashboard.sweep_button.disabled and dashboard.runner.cancel_button.disabled
+
+    # and sweeping again runs (the cancelled sweep's token once stopped every later one)
+    dashboard.planner.sweep = sweep
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert dashboard.front is not None and len(dashboard.front.points) >= 2
+
+
+def test_cancel_stops_a_budget_being_solved(tmp_path) -> None:
+    dashboard = new_dashboard(tmp_path)
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    solve = dashboard.planner.solve
+
+    def cancelled_as_it_starts(budget, **kwargs):
+        assert not dashboard.runner.cancel_button.disabled
+        dashboard.runner.cancel_button.click()
+        return solve(budget, **kwargs)
+
+    dashboard.planner.solve = cancelled_as_it_starts
+    low, high = dashboard.front.points[0], dashboard.front.points[-1]
+    between = (low.predicted_peak_bytes + high.predicted_peak_bytes) // 2
+    dashboard.budget.budget_text.value = f"{between}B"
+    dashboard.budget.solve_button.click()
+    finish(dashboard)
+    assert "cancelled" in dashboard.status.text
+    assert not any(c.on_demand for c in dashboard.budget.choices)
+    dashboard.planner.solve = solve
+    dashboard.budget.solve_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert dashboard.budget.selected.on_demand
 
 
 def test_changing_the_model_starts_over(tmp_path) -> None:

@@ -157,9 +157,8 @@ class BudgetSlider(ipw.VBox):
 
         self.runner.start(
             f"solve {budget}",
-            lambda progress, cancel: planner.solve(budget),
+            lambda progress, cancel: planner.solve(budget, cancel=cancel),
             done,
-            cancellable=False,
         )
 
     def _sync_options(self, index: int) -> None:

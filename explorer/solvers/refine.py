@@ -130,8 +130,12 @@ class Refiner:
         whole_runs: bool = True,
         parallel: bool = False,
         follow_peak: bool = False,
+        check: Callable[[], None] | None = None,
     ) -> None:
         self.milp = milp
+        # called between runs and moves: raises to stop the search (a user's Cancel, through
+        # the solver's token for the call in progress)
+        self.check = check or (lambda: None)
         self.simulate = simulate  # the schedule some windows lower to, simulated
         # what the search does with each schedule it takes (the solver keeps them all among
         # its answers: one may be the best known at another peak). The drop pass's refused
@@ -232,6 +236,7 @@ class Refiner:
         drop: bool = False,
         in_hole: bool = False,
     ) -> Refined:
+        self.check()
         started = time.perf_counter()
         deadline = started + seconds
         milp = self.milp
@@ -286,6 +291,7 @@ class Refiner:
             below its simulated peak is refused by `take`, and its proof is then about
             nothing that was kept."""
             nonlocal bound
+            self.check()
             ran = time.perf_counter()
             outcome = milp.run(limit, windows)
             overrun = time.perf_counter() - ran - limit
@@ -318,6 +324,7 @@ class Refiner:
                 rins_seconds = min(left() * LEAN_RINS_SHARE, LEAN_RINS_SECONDS)
             else:
                 rins_seconds = min(left() * RINS_SHARE, RINS_SECONDS)
+            self.check()
             take(milp.run_guided(max(rins_seconds, 0.2), windows, relaxed.values).windows)
             if proven(bound):
                 return Refined(best, True, bound)
@@ -396,6 +403,7 @@ class Refiner:
             for move in moves:
                 if time.perf_counter() >= until:
                     return
+                self.check()
                 before = current()
                 dropped = {(t, a) for t, a in move if a in before[t]}
                 if not dropped:
@@ -474,6 +482,7 @@ class Refiner:
             pending = self._window_starts(current(), width, lean, shifted)
             lowest = peak() if peak is not None else 0.0
             while pending:
+                self.check()  # no run is pending with the worker here
                 left = deadline - time.perf_counter() - overhead
                 if left < MIN_WINDOW_SECONDS:
                     return
