@@ -97,9 +97,11 @@ def _tqdm_progress(desc: str) -> tuple[Callable[[int, int, str], None], Callable
         desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True, disable=None
     )  # None: shown on a terminal, silent in logs
 
-    def update(done: int, total: int, _message: str) -> None:
+    def update(done: int, total: int, message: str) -> None:
         bar.total = total
         bar.n = done
+        if message:  # what the step under way is: a sweep's least peak takes seconds at 0
+            bar.set_postfix_str(message, refresh=False)
         bar.refresh()
 
     return update, bar.close
@@ -286,6 +288,8 @@ def _searched(front, args: argparse.Namespace):
     against the front's point within it; the schedule and what its file records."""
     import time
 
+    from tqdm import tqdm
+
     from explorer.export import is_schedule_file
     from explorer.files import check_module_target
     from explorer.frontsearch import planner_of, search_budget
@@ -295,10 +299,16 @@ def _searched(front, args: argparse.Namespace):
     check_module_target(Path(args.out), force=args.force, is_schedule=is_schedule_file)
     swept = front.at_budget(args.budget)  # under the front's least peak: refused at once
     started = time.perf_counter()
-    plan = planner_of(front, Path(args.front).parent)
-    times = "the cost model's times" if front.setup.get("plan_for") else "the sweep's profile"
-    print(f"solving the budget by itself with {times}", file=sys.stderr)
-    schedule, better = search_budget(front, plan, args.budget)
+    update, close = _tqdm_progress("export --search")
+    try:
+        update(0, 2, "building the model again and tracing its step")  # seconds, said
+        plan = planner_of(front, Path(args.front).parent)  # refusals: one line, before this
+        times = "the cost model's times" if front.setup.get("plan_for") else "the sweep's profile"
+        tqdm.write(f"solving the budget by itself with {times}", file=sys.stderr)
+        update(1, 2, "searching the budget")
+        schedule, better = search_budget(front, plan, args.budget)
+    finally:
+        close()
     took = time.perf_counter() - started
     if not better:
         print(
