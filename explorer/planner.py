@@ -309,12 +309,12 @@ class Planner:
             )
         return self._solvers[key]
 
-    def _prepared(self) -> StepSolver:
+    def _prepared(self, cancel: CancelToken | None = None) -> StepSolver:
         """The solver last prepared (its baseline and timelines are every solver's), or the
         default one: exporting after `sweep(time_limit=30)` prepares nothing again."""
         if self._last_key is not None and self._last_key in self._solvers:
             return self._solvers[self._last_key]
-        return self.solver()
+        return self.solver(cancel=cancel)
 
     def _cache_path(self, k: int, graphs: int) -> Path | None:
         """Graph k's solver cache: `solver_cache`, one file per graph when there are several."""
@@ -389,9 +389,14 @@ class Planner:
         """The fastest schedule within `budget`: bytes, "4GB", or a fraction (see
         explorer.units.parse_budget: 0.5 keeps half of the activation memory). Asked by
         itself, a budget of a step too large to refine every budget of a sweep is searched
-        longer than a sweep's (explorer.solve.LARGE_ALONE_SECONDS). `cancel` stops it
+        longer than a sweep's (explorer.solve.LARGE_ALONE_SECONDS). Without `time_limit`, the
+        solver last prepared answers (a sweep's, whatever its time limit: it knows the
+        front's schedules, so no point of that front within `budget` is faster). `cancel` stops it
         between CBC runs (Cancelled); what it found so far stays known to later calls."""
-        solver = self.solver(time_limit, cancel=cancel)
+        if time_limit is None:  # the sweep's solver: its schedules, no stage ILPs again
+            solver = self._prepared(cancel)
+        else:
+            solver = self.solver(time_limit, cancel=cancel)
         limit = parse_budget(budget, solver.baseline.predicted_peak_bytes, solver.fixed_bytes)
         with solver.cancelled_by(cancel):
             schedule = solver.solve(limit, alone=True)

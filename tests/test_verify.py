@@ -230,6 +230,20 @@ def test_exporting_reuses_the_solver_the_sweep_prepared():
     assert list(plan._solvers) == [("chain", 5)]
 
 
+def test_a_budget_solved_after_a_sweep_is_solved_by_the_sweeps_solver(quick_search):
+    # catches: solve() preparing a default solver after a sweep with a time limit (the
+    # dashboard's "Solve this budget" with its time limit set): stage ILPs again, and an
+    # answer that need not beat the front's point within the budget, whose schedules that
+    # solver does not know
+    plan = planner("sample:tiny_cnn", 4, 32)
+    front = plan.sweep(points=4, time_limit=5)
+    for point in front.points:
+        solved = plan.solve(point.predicted_peak_bytes)
+        assert solved.predicted_peak_bytes <= point.predicted_peak_bytes
+        assert solved.predicted_seconds <= point.schedule.predicted_seconds
+    assert list(plan._solvers) == [("chain", 5)]
+
+
 class _WithUnreadState(nn.Module):
     """A model whose step reads neither `spare`, `table` nor `cache`: memory it holds all the
     same (transformers' rotary embeddings keep `original_inv_freq` beside the `inv_freq`
