@@ -260,7 +260,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"{format_bytes(front.baseline_peak_bytes)}; "
         f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}"
     )
-    for line in (front.floor_note(), front.table_note(), front.nothing_lower()):
+    notes = (front.floor_note(), front.table_note(), front.nothing_lower(), front.unmodified_note())
+    for line in notes:
         if line:
             print(line)
     return 0
@@ -280,6 +281,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"wrote {path}: predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
         f"overhead {schedule.predicted_overhead:+.1%}"
     )
+    line = front.unmodified_peak_bytes
+    if line is not None and schedule.predicted_peak_bytes > line:
+        print(
+            f"remat-explorer: warning: it peaks above the unmodified model's {format_bytes(line)}"
+            " (measured when profiling): the model run as it is needs less memory",
+            file=sys.stderr,
+        )
     return 0
 
 

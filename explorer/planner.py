@@ -35,7 +35,7 @@ from explorer.memory import tensor_bytes
 from explorer.models import ModelSpec, inputs_batch
 from explorer.modelstate import as_trained, held_state, tensors_in
 from explorer.profile import StepProfile, profile_graph
-from explorer.progress import CancelToken, ProgressFn, report
+from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
 from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
@@ -44,6 +44,7 @@ from explorer.step import StepSolver
 from explorer.stepcost import CAPTURED_AT_EVERY_CALL, StepTimes, measure_step_times
 from explorer.sweep import Front, sweep_budgets
 from explorer.units import parse_budget
+from explorer.unmodified import unmodified_peak
 
 
 class Planner:
@@ -171,6 +172,16 @@ class Planner:
             with _refusing_a_step_compiled_at_every_call():
                 times, peaks = self._step_measurements(cancel, progress, total)
             profiles = [replace(p, eager=e) for p, e in zip(profiles, peaks, strict=True)]
+            check_cancel(cancel)
+            report(progress, total, total, "measuring the unmodified model's peak")
+            unmodified = unmodified_peak(
+                self.model,
+                self.example_inputs,
+                self.example_kwargs,
+                autocast=self.autocast,
+                loss=self.loss,
+                gradients_held=self.gradients_held,
+            )
             first = profiles[0]
             self._profile = StepProfile(
                 profiles,
@@ -179,6 +190,7 @@ class Planner:
                 step_times=times,
                 loss=loss_name(self.loss),
                 gradients_held=self.gradients_held,
+                unmodified_peak_bytes=unmodified,
             )
         return self._profile
 
@@ -367,8 +379,17 @@ class Planner:
             setup=setup,
             runtime_factor=solver.runtime_factor,
             peak_floor_bytes=solver.peak_floor(),
+            unmodified_peak_bytes=self._unmodified_peak(),
             context=self,
         )
+
+    def _unmodified_peak(self) -> int | None:
+        """The profile's measured peak of the model as it is, where it was measured for this
+        planner's step (a profile from a step without held gradients measured another)."""
+        profile = self._profile
+        if profile is None or profile.gradients_held != self.gradients_held:
+            return None
+        return profile.unmodified_peak_bytes
 
     def _attach(self, on_point):
         if on_point is None:

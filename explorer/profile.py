@@ -101,6 +101,9 @@ class StepProfile:
     # True)): then autograd copies none after the backward; a plan either way may use either
     # profile (a plan that holds them, with one that does not, counts a copy never made)
     gradients_held: bool = False
+    # one step of the model as it is, measured as verify measures it (explorer.unmodified);
+    # None where nothing ran or profile.json predates it
+    unmodified_peak_bytes: int | None = None
 
     @property
     def runtime_factor(self) -> float:
@@ -126,6 +129,7 @@ class StepProfile:
             "step_times": asdict(self.step_times) if self.step_times is not None else None,
             "loss": self.loss,
             "gradients_held": self.gradients_held,
+            "unmodified_peak_bytes": self.unmodified_peak_bytes,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -153,6 +157,7 @@ class StepProfile:
                 step_times=_step_times(data.get("step_times")),
                 loss=None if data.get("loss") is None else str(data["loss"]),
                 gradients_held=bool(data.get("gradients_held", False)),
+                unmodified_peak_bytes=_bytes_or_none(data.get("unmodified_peak_bytes")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: not a valid profile ({type(exc).__name__}: {exc})") from exc
@@ -186,6 +191,15 @@ def _step_times(data: dict | None) -> StepTimes | None:
     if not all(math.isfinite(t) and t > 0 for t in asdict(times).values()):
         raise ValueError(f"step times {data!r}")
     return times
+
+
+def _bytes_or_none(value: object) -> int | None:
+    """A count of bytes that may be absent (raises on anything but a whole number >= 0)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a count of bytes")
+    return value
 
 
 def _device_kind(device: str) -> str:

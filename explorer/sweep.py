@@ -75,6 +75,9 @@ class Front:
     runtime_factor: float = 1.0  # the runtime's no-recompute step over the unmodified model's
     # bytes under which no schedule of the solver's space peaks (None: not known)
     peak_floor_bytes: int | None = None
+    # the model's own step, run as it is, measured when profiling (explorer.unmodified; None:
+    # not measured, as for a front planned for a device by name)
+    unmodified_peak_bytes: int | None = None
     context: object | None = field(default=None, repr=False)
 
     def at_budget(self, budget: int | str | float) -> Schedule:
@@ -119,6 +122,33 @@ class Front:
             f"{above:.2%} below it"
         )
 
+    def unmodified_note(self) -> str | None:
+        """Where points peak above the model run as it is (measured when profiling), in
+        words: every point, or those that recompute (slower and larger than no plan); None
+        when none does or it was not measured."""
+        line = self.unmodified_peak_bytes
+        if line is None:
+            return None
+        why = ""
+        if self.model.get("gradients_held"):
+            why = (
+                ": a step that adds to held gradients gets every new one at the compiled "
+                "backward's end, where eager PyTorch adds each into .grad as it is made"
+            )
+        lowest = min(p.predicted_peak_bytes for p in self.points)
+        if lowest > line:
+            return (
+                f"every point peaks above the unmodified model's {format_bytes(line)} "
+                f"(measured when profiling), so none saves memory against it{why}"
+            )
+        if not any(p.recomputed and p.predicted_peak_bytes > line for p in self.points):
+            return None
+        return (
+            f"points above {format_bytes(line)}, the unmodified model's peak (measured when "
+            "profiling), need more memory than the model run as it is, and those that "
+            f"recompute more time too: choose a budget under it{why}"
+        )
+
     def table_note(self) -> str | None:
         """Where the sweep searched only the least peak (a step too large to search every
         budget in its time: explorer.solve.LARGE_SWEEP_TOTAL), what would search the rest,
@@ -147,6 +177,7 @@ class Front:
             },
             "setup": self.setup,
             "peak_floor_bytes": self.peak_floor_bytes,
+            "unmodified_peak_bytes": self.unmodified_peak_bytes,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -171,6 +202,7 @@ class Front:
                 setup=dict(data.get("setup", {})),
                 runtime_factor=float(data["baseline"].get("runtime_factor", 1.0)),
                 peak_floor_bytes=_optional_int(data.get("peak_floor_bytes")),
+                unmodified_peak_bytes=_optional_int(data.get("unmodified_peak_bytes")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,96 @@
+"""The unmodified model's own peak, measured when profiling (explorer.unmodified): a front says
+where its points peak above it, and export warns, so that no plan larger than no plan at all
+is taken for a saving. With gradients held (gradient accumulation) the compiled backward
+hands every new gradient back at its end, so whole fronts can lie above it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from helpers import planner
+from test_cli import run
+
+import explorer
+from explorer.cli import main
+from explorer.errors import UserError
+from explorer.models import build
+from explorer.profile import StepProfile
+
+HELD = ["--model", "sample:tiny_mlp", "--batch-size", "4", "--gradients-held"]
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """sample:tiny_mlp at batch 4, planned for gradient accumulation: every point of its
+    front peaks above the model run as it is (316,856 bytes against 282,512)."""
+    built = build("sample:tiny_mlp", 4, None)
+    plan = explorer.Planner(built.model, built.example_inputs, gradients_held=True)
+    return plan, plan.sweep(points=3)
+
+
+def test_the_measured_peak_is_verifys_unmodified_peak(held):
+    # catches: a line measured on another step than verify's (without the held gradients,
+    # another seed or loss), against which the front's points would be misjudged
+    plan, front = held
+    report = front.points[0].schedule.verify()
+    assert report.ok, report.format_table()
+    measured = report.measurements["peak memory, unmodified model (bytes)"]
+    assert front.unmodified_peak_bytes == plan.profile().unmodified_peak_bytes == measured
+    assert min(p.predicted_peak_bytes for p in front.points) > measured
+    assert "every point peaks above the unmodified model's" in front.unmodified_note()
+    assert ".grad as it is made" in front.unmodified_note()
+
+
+def test_the_note_names_recomputing_points_above_the_line_and_nothing_else():
+    # catches: a note on every front (its no-recompute point a few bytes above the model's
+    # own peak is the compiled step's), or none where points that recompute lie above it
+    front = planner("sample:tiny_cnn", 4, 32).sweep(points=4)
+    assert front.unmodified_peak_bytes is not None and front.unmodified_note() is None
+    peaks = sorted(p.predicted_peak_bytes for p in front.points if p.recomputed)
+    between = replace(front, unmodified_peak_bytes=peaks[-1] - 1)
+    assert between.unmodified_note().startswith("points above")
+    assert ".grad" not in between.unmodified_note()  # not a step that holds gradients
+    under = replace(front, unmodified_peak_bytes=peaks[0] - 1)
+    assert under.unmodified_note().startswith("every point peaks above")
+    assert replace(front, unmodified_peak_bytes=None).unmodified_note() is None
+
+
+def test_a_profile_measured_without_held_gradients_gives_no_line(held, tmp_path):
+    # catches: the peak of a step from no gradients taken as the line of one that holds them
+    plan, _ = held
+    alone = planner("sample:tiny_mlp", 4, None)
+    path = alone.profile().save(tmp_path / "profile.json")
+    fingerprint = "+".join(g.fingerprint() for g in plan.capture())
+    plan_held = explorer.Planner(alone.model, alone.example_inputs, gradients_held=True)
+    plan_held.use_profile(StepProfile.load(path, fingerprint=fingerprint))
+    assert plan_held.sweep(points=2).unmodified_peak_bytes is None
+
+
+def test_profile_and_front_files_keep_it_and_refuse_a_damaged_one(held, tmp_path):
+    plan, front = held
+    path = plan.profile().save(tmp_path / "profile.json")
+    assert StepProfile.load(path).unmodified_peak_bytes == front.unmodified_peak_bytes
+    data = json.loads(path.read_text())
+    del data["unmodified_peak_bytes"]  # a profile.json from before: no line, no note
+    path.write_text(json.dumps(data))
+    assert StepProfile.load(path).unmodified_peak_bytes is None
+    data["unmodified_peak_bytes"] = -5
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="not a valid profile"):
+        StepProfile.load(path)
+    again = explorer.Front.load(front.save(tmp_path / "front.json"))
+    assert again.unmodified_peak_bytes == front.unmodified_peak_bytes
+
+
+def test_sweep_says_it_and_export_warns(capsys, tmp_path, quick_search):
+    # catches: a command-line user of gradient accumulation given a front that saves nothing
+    # against the model as it is, and a file exported from it, without a word
+    assert main(["sweep", *HELD, "--points", "2", "--out", str(tmp_path)]) == 0
+    assert "every point peaks above the unmodified model's" in capsys.readouterr().out
+    front = tmp_path / "front.json"
+    code, err = run(capsys, "export", "--front", str(front), "--budget", "1.0",
+                    "--out", str(tmp_path / "held.py"))  # fmt: skip
+    assert code == 0
+    assert err == [next(line for line in err if "peaks above the unmodified model's" in line)]
