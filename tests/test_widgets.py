@@ -479,6 +479,18 @@ def test_a_loss_and_held_gradients_are_planned_exported_and_verified(tmp_path) -
     assert peak.measured == peak.predicted
 
 
+
+def test_a_front_above_the_model_as_it_is_says_so(tmp_path) -> None:
+    # catches: a dashboard user of gradient accumulation shown a front none of whose points
+    # saves memory against the unmodified model (tests/test_unmodified.py), without a word
+    dashboard = new_dashboard(tmp_path, spec="sample:tiny_mlp", batch_size=4, points=2)
+    dashboard.picker.accumulate.value = True
+    dashboard.sweep_button.click()
+    finish(dashboard)
+    assert dashboard.status.kind == "ok", dashboard.status.text
+    assert "every point peaks above the unmodified model's" in dashboard.status.text
+
+
 @pytest.mark.parametrize("batch_size", [0, -3, 2.5])
 def test_picker_refuses_a_batch_size_below_one(batch_size) -> None:
     # catches: a bounded box that silently turns 0 or -3 into 1
