@@ -479,7 +479,6 @@ def test_a_loss_and_held_gradients_are_planned_exported_and_verified(tmp_path) -
     assert peak.measured == peak.predicted
 
 
-
 def test_a_front_above_the_model_as_it_is_says_so(tmp_path) -> None:
     # catches: a dashboard user of gradient accumulation shown a front none of whose points
     # saves memory against the unmodified model (tests/test_unmodified.py), without a word
