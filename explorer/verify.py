@@ -77,6 +77,7 @@ from explorer.modelstate import (
     step_inputs_and_state,
     tensors_in,
 )
+from explorer.progress import CancelToken, check_cancel
 from explorer.schedule import Schedule
 from explorer.units import format_bytes
 
@@ -365,12 +366,14 @@ def verify(
     autocast: torch.dtype | None = None,
     seed: int = STEP_SEED,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    cancel: CancelToken | None = None,
 ) -> VerifyReport:
     """Run the exported schedule and the unmodified model side by side (module docstring).
 
     Without `model`, the model and its inputs are rebuilt from the SPEC the file records.
     `loss`: the loss the schedule was planned with (`Planner(loss=...)`), which the file
-    names but cannot hold."""
+    names but cannot hold. `cancel` stops it between steps (Cancelled); it runs copies of
+    the model, so nothing of the caller's is left half-stepped."""
     path = Path(path)
     made_for, schedule = read_module(path)
     loss = _loss_for(path, made_for, loss)
@@ -382,6 +385,7 @@ def verify(
         wrapped = wrap_with_schedule(candidate, made_for, schedule)
     except RematError as exc:
         raise UserError(f"{path}: {exc}") from exc
+    check_cancel(cancel)
     ref_args, ref_kwargs = _fresh_inputs(args, kwargs)
     new_args, new_kwargs = _fresh_inputs(args, kwargs)
     # the user's model, whose kept activations (RAFT's pyramid) have their grad_fn: the
@@ -415,6 +419,7 @@ def verify(
             new_out = training_step(wrapped, new_args, seed, new_kwargs, loss=loss)
         new_written = _written(values, (new_args, new_kwargs))
         new_draws = generator_states(reference, (args, kwargs))
+    check_cancel(cancel)
 
     if model is None and any(p.how != EXACT for p in wrapped.plans):
         spec = made_for.get("model", {})
@@ -476,9 +481,8 @@ def verify(
         report.measurements["CUDA reserved peak (bytes)"] = reserved
     report.rows.append(_peak_row(static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
-    report.measurements.update(
-        _timings(reference, wrapped, (args, kwargs), values, seed, schedule, autocast, held, loss)
-    )
+    timed = (reference, wrapped, (args, kwargs), values, seed, schedule, autocast, held, loss)
+    report.measurements.update(_timings(*timed, cancel))
     return report
 
 
@@ -672,6 +676,7 @@ def _timings(
     autocast,
     held: bool,
     loss,
+    cancel: CancelToken | None = None,
 ) -> dict[str, float]:
     """Median step times, interleaved so that drifts in machine load hit both alike, and
     the lowest and highest overhead of a round (the schedule's step over the unmodified one
@@ -680,6 +685,7 @@ def _timings(
     ref_times, new_times = [], []
     for _ in range(TIMED_STEPS):
         for model, times in ((reference, ref_times), (wrapped, new_times)):
+            check_cancel(cancel)
             step_args, step_kwargs = _fresh_inputs(*inputs)
             if not held:  # start as the plan does: without gradients, unless it holds them
                 clear_grads(model, (step_args, step_kwargs))

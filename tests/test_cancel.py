@@ -3,12 +3,18 @@ between the solver's CBC runs, and no call after it."""
 
 from __future__ import annotations
 
+import importlib
+from unittest import mock
+
 import pytest
+import torch
 from helpers import planner
 
+import explorer
 from explorer.errors import Cancelled
 from explorer.progress import CancelToken
 from explorer.solvers.registry import make_solver
+from explorer.verify import training_step
 
 
 def test_a_cancelled_sweep_stops_no_later_sweep_or_budget(quick_search):
@@ -50,3 +56,29 @@ def test_a_search_stops_at_its_next_run_and_the_solver_answers_after(quick_searc
     schedule = solver.solve(budget)
     assert schedule.predicted_peak_bytes <= budget
     assert schedule.predicted_seconds <= start.predicted_seconds
+
+
+def test_verify_stops_between_its_steps_and_leaves_the_model_as_it_was(tmp_path, quick_search):
+    # catches: a verify the dashboard's Cancel cannot stop (tens of seconds on a large step:
+    # a compile, the steps compared, six timed steps), or one that stops with the caller's
+    # model half-stepped
+    plan = planner("sample:tiny_cnn", 4, 32)
+    path = plan.sweep(points=2).points[0].schedule.export(tmp_path / "low.py")
+    before = {k: v.clone() for k, v in plan.model.state_dict().items()}
+    token = CancelToken()
+    steps = []
+
+    def step_then_cancel(*args, **kwargs):
+        steps.append(args[0])
+        token.cancel()
+        return training_step(*args, **kwargs)
+
+    module = importlib.import_module("explorer.verify")  # `explorer.verify` is the function
+    with mock.patch.object(module, "training_step", step_then_cancel):
+        with pytest.raises(Cancelled):
+            explorer.verify(path, model=plan.model, example_inputs=plan.example_inputs,
+                            cancel=token)  # fmt: skip
+    assert len(steps) == 2  # the two steps compared, then stopped before the timed ones
+    after = plan.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in plan.model.parameters())

@@ -18,6 +18,7 @@ import explorer
 from explorer import Planner, UserError, losses
 from explorer.export import read_module
 from explorer.models import build
+from explorer.progress import check_cancel
 from explorer.verify import VerifyReport, VerifyRow
 from remat_explorer.widgets import (
     BudgetSlider,
@@ -215,6 +216,21 @@ def test_a_failed_row_shows_as_not_verified(tmp_path, monkeypatch) -> None:
     assert panel.runner.status.kind == "error" and "NOT verified" in panel.runner.status.text
 
 
+def test_verify_can_be_cancelled(tmp_path, monkeypatch) -> None:
+    # catches: a Verify the Cancel button cannot reach (it was disabled for verify)
+    panel = VerifyPanel(tmp_path / "made_up.py")
+
+    def stopped_as_it_runs(*_, cancel, **__):
+        assert not panel.runner.cancel_button.disabled
+        panel.runner.cancel_button.click()
+        check_cancel(cancel)
+
+    monkeypatch.setattr(explorer, "verify", stopped_as_it_runs)
+    panel.verify_button.click()
+    assert panel.runner.wait(JOB_TIMEOUT_S)
+    assert panel.runner.status.text == "verify cancelled"
+
+
 @pytest.mark.parametrize("spread", [0.02, 0.30])
 def test_the_verify_table_shows_the_measured_overhead_and_a_noisy_timing(
     tmp_path, monkeypatch, spread
@@ -336,7 +352,7 @@ def test_cancel_stops_a_sweep_midway(tmp_path) -> None:
     dashboard.planner.sweep = sweep_then_cancel
     dashboard.sweep_button.click()
     finish(dashboard)
-    assert "cancelled" in dashboard.status.text
+    assert dashboard.status.text == "sweep cancelled"
     assert dashboard.front is None
     assert 1 <= len(dashboard.pareto.figure.data[FRONT].x) < 8
     assert not dashboard.sweep_button.disabled and dashboard.runner.cancel_button.disabled
@@ -355,18 +371,18 @@ def test_cancel_stops_a_budget_being_solved(tmp_path) -> None:
     finish(dashboard)
     solve = dashboard.planner.solve
 
-    def cancelled_as_it_starts(budget, **kwargs):
+    def stopped_as_it_starts(budget, **kwargs):
         assert not dashboard.runner.cancel_button.disabled
         dashboard.runner.cancel_button.click()
         return solve(budget, **kwargs)
 
-    dashboard.planner.solve = cancelled_as_it_starts
+    dashboard.planner.solve = stopped_as_it_starts
     low, high = dashboard.front.points[0], dashboard.front.points[-1]
     between = (low.predicted_peak_bytes + high.predicted_peak_bytes) // 2
     dashboard.budget.budget_text.value = f"{between}B"
     dashboard.budget.solve_button.click()
     finish(dashboard)
-    assert "cancelled" in dashboard.status.text
+    assert dashboard.status.text == f"solve {between}B cancelled"
     assert not any(c.on_demand for c in dashboard.budget.choices)
     dashboard.planner.solve = solve
     dashboard.budget.solve_button.click()

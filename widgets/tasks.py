@@ -76,7 +76,6 @@ class TaskRunner(traitlets.HasTraits):
         name: str,
         work: Work,
         done: Callable[[Any], None] | None = None,
-        cancellable: bool = True,
     ) -> bool:
         """Start `work(progress, cancel)` in a thread, then `done(result)` as a widget update.
 
@@ -89,7 +88,7 @@ class TaskRunner(traitlets.HasTraits):
         self.busy = True
         self.progress.value = 0
         self.progress.description = name
-        self.cancel_button.disabled = not cancellable
+        self.cancel_button.disabled = False  # every job looks at its token
         self.status.info(f"{name} ...")
         self._thread = threading.Thread(
             target=self._run,

@@ -126,9 +126,9 @@ class VerifyPanel(ipw.VBox):
 
         def run(progress: Any, cancel: Any) -> Any:
             if against is None:
-                return explorer.verify(path, device=device)
+                return explorer.verify(path, device=device, cancel=cancel)
             model, inputs = against
-            return explorer.verify(path, model=model, example_inputs=inputs)
+            return explorer.verify(path, model=model, example_inputs=inputs, cancel=cancel)
 
         def done(report: Any) -> None:
             self.report = report
@@ -138,7 +138,7 @@ class VerifyPanel(ipw.VBox):
             else:
                 self.runner.status.error(f"{Path(path).name}: NOT verified, see the table")
 
-        self.runner.start("verify", run, done, cancellable=False)
+        self.runner.start("verify", run, done)
 
     def _enable(self) -> None:
         self.verify_button.disabled = self.runner.busy
