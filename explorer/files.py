@@ -149,6 +149,16 @@ def read_json(path: Path, *, what: str) -> dict:
     return data
 
 
+def optional_bytes(value: object) -> int | None:
+    """A count of bytes read from a JSON file that may be absent or null (written by an
+    older version: None); raises ValueError on anything but a whole number >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a count of bytes")
+    return value
+
+
 class _NotFinite(ValueError):
     pass
 

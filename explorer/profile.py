@@ -142,7 +142,7 @@ class StepProfile:
         cls, path: str | Path, *, fingerprint: str | None = None, device: str | None = None
     ) -> StepProfile:
         """Read a profile.json; refuse one made for other graphs or another device."""
-        from explorer.files import read_json
+        from explorer.files import optional_bytes, read_json
 
         data = read_json(Path(path), what="profile")
         if data.get("schema") != SCHEMA:
@@ -157,7 +157,7 @@ class StepProfile:
                 step_times=_step_times(data.get("step_times")),
                 loss=None if data.get("loss") is None else str(data["loss"]),
                 gradients_held=bool(data.get("gradients_held", False)),
-                unmodified_peak_bytes=_bytes_or_none(data.get("unmodified_peak_bytes")),
+                unmodified_peak_bytes=optional_bytes(data.get("unmodified_peak_bytes")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: not a valid profile ({type(exc).__name__}: {exc})") from exc
@@ -191,15 +191,6 @@ def _step_times(data: dict | None) -> StepTimes | None:
     if not all(math.isfinite(t) and t > 0 for t in asdict(times).values()):
         raise ValueError(f"step times {data!r}")
     return times
-
-
-def _bytes_or_none(value: object) -> int | None:
-    """A count of bytes that may be absent (raises on anything but a whole number >= 0)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{value!r} is not a count of bytes")
-    return value
 
 
 def _device_kind(device: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from explorer.errors import UserError
-from explorer.files import read_json, write_atomic
+from explorer.files import optional_bytes, read_json, write_atomic
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
 from explorer.solve import LARGE_SWEEP_TOTAL, Solver
@@ -201,8 +201,8 @@ class Front:
                 points=points,
                 setup=dict(data.get("setup", {})),
                 runtime_factor=float(data["baseline"].get("runtime_factor", 1.0)),
-                peak_floor_bytes=_optional_int(data.get("peak_floor_bytes")),
-                unmodified_peak_bytes=_optional_int(data.get("unmodified_peak_bytes")),
+                peak_floor_bytes=optional_bytes(data.get("peak_floor_bytes")),
+                unmodified_peak_bytes=optional_bytes(data.get("unmodified_peak_bytes")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc
@@ -211,15 +211,6 @@ class Front:
         if any(p.schedule.fingerprint != front.fingerprint for p in points):
             raise UserError(f"{path}: its schedules were made for another graph than the front")
         return front
-
-
-def _optional_int(value: object) -> int | None:
-    """An int field that may be absent or null (written by an older version: None)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{value!r} is not a whole number of bytes")
-    return value
 
 
 def _point_from_dict(data: dict) -> FrontPoint:
