@@ -428,7 +428,6 @@ class Solver:
                 # a windowed step's extra time is the least peak's own, not the budgets'
                 extra = seconds - self._refine_time(self.minimum_effort)
                 refined = self._refiner().leanest(self.answers.lowest(), seconds)
-                self.refine_left -= max(time.perf_counter() - started - extra, 0.0)
                 self.answers.add(refined.schedule)
                 # and recomputing everything, where that is leaner still (the table did not
                 # hold it: on gpt_2_layers 0.347 of the activations against the table's 0.431,
@@ -438,6 +437,12 @@ class Solver:
                 # solver's +21.86%). Searching from it instead went astray elsewhere (sample:
                 # unet b11 416 px: 0.266 where the table's start reaches 0.257)
                 self.answers.add(self.schedule_of(self.space.everything()))
+                # what the search found recomputes whatever its objective does not count:
+                # dropped here, not left to the search of the fastest schedule at that peak,
+                # whose time may be spent or too short for it (Refiner.pruned)
+                least = self.answers.lowest().predicted_peak_bytes
+                self._refiner().pruned(least, self.answers.best_within(least))
+                self.refine_left -= max(time.perf_counter() - started - extra, 0.0)
                 proven = refined.optimal
                 self.cache.put_label("least", proven, refined.bound)
             lowest = self.answers.lowest().predicted_peak_bytes
