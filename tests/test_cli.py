@@ -164,14 +164,24 @@ def test_corrupt_or_mismatched_profile_is_refused_not_overwritten(swept, tmp_pat
     result = cli(
         "sweep", "--model", "resnet18", "--batch-size", "4", "--input-size", "32", "--out", str(out)
     )
-    assert_one_line_error(result, "profile")
+    how = f"to profile this step, give --out another folder or delete {out / 'profile.json'}"
+    assert_one_line_error(result, "profile", how)
     assert (out / "profile.json").read_text() == "garbage"
     (out / "profile.json").write_text((swept / "profile.json").read_text())  # another shape
     result = cli(
         "sweep", "--model", "resnet18", "--batch-size", "4", "--input-size", "32", "--out", str(out)
     )
-    assert_one_line_error(result, "profile")
+    # catches: a refusal that names neither step nor what to do (it said "profile this model
+    # again", which the same command then refused again)
+    this = "than this one (resnet18, batch 4, input 32)"
+    assert_one_line_error(result, "was profiled for another step", this, how)
     assert not (out / "front.json").exists()
+    (out / "front.json").write_text((swept / "front.json").read_text())  # the front beside it
+    result = cli(
+        "sweep", "--model", "resnet18", "--batch-size", "4", "--input-size", "32", "--out", str(out)
+    )
+    assert_one_line_error(result, "for another step (resnet18, batch 16, input 96) " + this, how)
+    assert (out / "front.json").read_text() == (swept / "front.json").read_text()
 
 
 def _export(swept: Path, tmp_path: Path) -> Path:
@@ -409,7 +419,11 @@ def test_a_sweep_with_a_named_loss_exports_and_verifies(tmp_path, quick_search):
     assert json.loads((tmp_path / "profile.json").read_text())["loss"] == "cross_entropy"
     _export_and_verify_to_the_byte(tmp_path, "1.0")
     again = cli("sweep", *args, "--points", "3", "--out", str(tmp_path))  # without the loss
-    assert_one_line_error(again, "measured for a step with the loss cross_entropy")
+    assert_one_line_error(
+        again,
+        "profiled for another step (sample:gpt, batch 2, input 32, loss cross_entropy) than "
+        "this one (sample:gpt, batch 2, input 32)",
+    )
 
 
 def test_the_loss_choices_are_the_named_losses():
