@@ -36,7 +36,9 @@ which it finishes whatever its limit: sample:unet's least peak took 3.6 s for a 
 where that is known before a search's LP, the LP and RINS step aside as after fruitless runs.
 A search for the fastest schedule first drops what its start need not recompute (`_drop`):
 at a least peak for as long as that pays (the least-peak search counts no time), elsewhere
-for a quarter of its time (its start is the answer within the budget below). With a second
+for a quarter of its time (its start is the answer within the budget below). `pruned` runs
+that drop alone to its end, with no time limit: the solver gives it the least-peak search's
+schedule before any search time it may lack is spent on the fastest one. With a second
 core, windows run two at a time, one in a forked worker (explorer.solvers.worker).
 Every candidate is simulated again; only schedules that fit by simulation are kept.
 """
