@@ -41,10 +41,10 @@ from explorer.verify import step_autocast, training_step
 # timed rounds (each one unmodified step and one runtime step) after a warm-up round: as many
 # as fit in TIMING_SECONDS, at least one and at most MAX_ROUNDS (a 1 s step gets two). The
 # ratio's error moves every predicted overhead by as much: resnet18 b16 64 px (a 0.11 s step)
-# measured 0.924 to 1.062 in eight profiles with at most 5 rounds, 0.979 to 1.018 with up to
-# 30 (about 14 fit); resnet50 b8 128 px gets 4 either way
+# measured 0.924 to 1.062 in eight profiles with at most 5 rounds, 0.979 to 1.018 with the
+# 14 that fit; resnet50 b8 128 px gets 4 either way
 TIMING_SECONDS = 4.0
-MAX_ROUNDS = 30
+MAX_ROUNDS = 20
 
 
 # the refusal of a step that Dynamo captures again at every call (the planner's too, where
