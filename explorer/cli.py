@@ -328,10 +328,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"wrote {path}: predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
         f"overhead {schedule.predicted_overhead:+.1%}"
     )
-    line = front.unmodified_peak_bytes
-    if line is not None and schedule.predicted_peak_bytes > line:
+    if front.above_unmodified(schedule):
+        line = format_bytes(front.unmodified_peak_bytes)
         print(
-            f"remat-explorer: warning: it peaks above the unmodified model's {format_bytes(line)}"
+            f"remat-explorer: warning: it peaks above the unmodified model's {line}"
             " (measured when profiling): the model run as it is needs less memory",
             file=sys.stderr,
         )

@@ -149,6 +149,17 @@ class Front:
             f"recompute more time too: choose a budget under it{why}"
         )
 
+    def above_unmodified(self, schedule: Schedule) -> bool:
+        """Whether `schedule` (one of this front's, or searched for its step) needs more
+        memory than the model run as it is, as `unmodified_note` counts points: it peaks
+        above that line and recomputes, or no point of the front is under it. A schedule
+        that recomputes nothing a few bytes above it is the compiled step's own layout."""
+        line = self.unmodified_peak_bytes
+        if line is None or schedule.predicted_peak_bytes <= line:
+            return False
+        lowest = min(p.predicted_peak_bytes for p in self.points)
+        return bool(schedule.recomputed) or lowest > line
+
     def table_note(self) -> str | None:
         """Where the sweep searched only the least peak (a step too large to search every
         budget in its time: explorer.solve.LARGE_SWEEP_TOTAL), what would search the rest,

@@ -43,18 +43,34 @@ def test_the_measured_peak_is_verifys_unmodified_peak(held):
     assert ".grad as it is made" in front.unmodified_note()
 
 
-def test_the_note_names_recomputing_points_above_the_line_and_nothing_else():
-    # catches: a note on every front (its no-recompute point a few bytes above the model's
-    # own peak is the compiled step's), or none where points that recompute lie above it
+def test_the_note_and_export_name_recomputing_points_above_the_line_and_nothing_else(
+    tmp_path, capsys
+):
+    # catches: a note on every front, or a warning on exporting its no-recompute point (a
+    # few bytes above the model's own peak: the compiled step's layout; sample:tiny_cnn b4
+    # 32 px, 896 bytes), or none where points that recompute lie above it
     front = planner("sample:tiny_cnn", 4, 32).sweep(points=4)
     assert front.unmodified_peak_bytes is not None and front.unmodified_note() is None
-    peaks = sorted(p.predicted_peak_bytes for p in front.points if p.recomputed)
-    between = replace(front, unmodified_peak_bytes=peaks[-1] - 1)
+    plain = front.points[-1].schedule
+    assert not plain.recomputed and plain.predicted_peak_bytes > front.unmodified_peak_bytes
+    assert not front.above_unmodified(plain)
+    code, err = run(capsys, "export", "--front", str(front.save(tmp_path / "front.json")),
+                    "--budget", "1.0", "--out", str(tmp_path / "plain.py"))  # fmt: skip
+    assert code == 0 and err == [], err
+    recomputing = sorted((p for p in front.points if p.recomputed), key=_peak)
+    between = replace(front, unmodified_peak_bytes=_peak(recomputing[-1]) - 1)
     assert between.unmodified_note().startswith("points above")
     assert ".grad" not in between.unmodified_note()  # not a step that holds gradients
-    under = replace(front, unmodified_peak_bytes=peaks[0] - 1)
+    assert between.above_unmodified(recomputing[-1].schedule)
+    assert not between.above_unmodified(recomputing[0].schedule)
+    under = replace(front, unmodified_peak_bytes=_peak(recomputing[0]) - 1)
     assert under.unmodified_note().startswith("every point peaks above")
+    assert under.above_unmodified(plain)
     assert replace(front, unmodified_peak_bytes=None).unmodified_note() is None
+
+
+def _peak(point: explorer.FrontPoint) -> int:
+    return point.predicted_peak_bytes
 
 
 def test_a_profile_measured_without_held_gradients_gives_no_line(tmp_path):
