@@ -141,7 +141,7 @@ class Front:
                 f"every point peaks above the unmodified model's {format_bytes(line)} "
                 f"(measured when profiling), so none saves memory against it{why}"
             )
-        if not any(p.recomputed and p.predicted_peak_bytes > line for p in self.points):
+        if not any(self.above_unmodified(p.schedule) for p in self.points):
             return None
         return (
             f"points above {format_bytes(line)}, the unmodified model's peak (measured when "
