@@ -39,6 +39,7 @@ from pathlib import Path  # noqa: E402
 from explorer.devices import device_names  # noqa: E402
 from explorer.errors import (  # noqa: E402
     Cancelled,
+    OtherStep,
     RematWarning,
     UserError,
     first_line,
@@ -158,29 +159,34 @@ def _meta_planner(args: argparse.Namespace):
 
 
 def _profile(plan, out: Path):
-    """Profile into OUT/profile.json, or reuse the one there. One made for another graph or
+    """Profile into OUT/profile.json, or reuse the one there. One made for another step or
     device, or a corrupt one, is refused rather than overwritten."""
     from explorer.losses import loss_name
     from explorer.profile import StepProfile
 
     path = out / "profile.json"
-    fingerprint = "+".join(g.fingerprint() for g in plan.capture())
     if path.exists():
         try:
             profile = StepProfile.load(path, device=str(plan.device))
-            loss = loss_name(plan.loss)
-            if profile.fingerprint != fingerprint or profile.loss != loss:
-                raise UserError(
-                    f"{path} was profiled for another step{_step_in(out, profile.fingerprint)} "
-                    f"than this one ({_step_words(plan.spec, plan.autocast, loss)})"
-                )
             plan.use_profile(profile)
-        except UserError as exc:  # kept, not overwritten: say how to profile this step
-            raise UserError(
-                f"{exc}; to profile this step, give --out another folder or delete {path}"
-            ) from None
-        print(f"reusing {path}", file=sys.stderr)
-        return plan.profile()
+        except OtherStep:  # both steps in words, not their graphs' fingerprints
+            spec = plan.spec
+            this = _step_words(
+                spec.name, spec.batch_size, spec.input_size, plan.autocast, loss_name(plan.loss)
+            )
+            refused = (
+                f"{path} was profiled for another step{_step_in(out, profile.fingerprint)} "
+                f"than this one ({this})"
+            )
+        except UserError as exc:
+            refused = str(exc)
+        else:
+            print(f"reusing {path}", file=sys.stderr)
+            return plan.profile()
+        # kept, not overwritten: say how to profile this step
+        raise UserError(
+            f"{refused}; to profile this step, give --out another folder or delete {path}"
+        )
     update, close = _tqdm_progress("profile")
     try:
         profile = plan.profile(progress=update)
@@ -190,13 +196,15 @@ def _profile(plan, out: Path):
     return profile
 
 
-def _step_words(spec, autocast, loss: str | None) -> str:
+def _step_words(
+    name: object, batch_size: object, input_size: object, autocast: object, loss: object
+) -> str:
     """A step in a few words: "sample:tiny_cnn, batch 4, input 32, bf16, loss cross_entropy"."""
-    words = [str(spec.name)] if spec is not None else ["a model without a SPEC"]
-    if spec is not None and spec.batch_size is not None:
-        words.append(f"batch {spec.batch_size}")
-    if spec is not None and spec.input_size is not None:
-        words.append(f"input {spec.input_size}")
+    words = [str(name)]
+    if batch_size is not None:
+        words.append(f"batch {batch_size}")
+    if input_size is not None:
+        words.append(f"input {input_size}")
     if autocast is not None:
         words.append(
             {"torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(autocast), str(autocast))
@@ -209,19 +217,24 @@ def _step_words(spec, autocast, loss: str | None) -> str:
 def _step_in(out: Path, fingerprint: str) -> str:
     """The step the front.json in `out` was swept for, as " (SPEC, batch B, ...)", where it
     was swept from the profile of `fingerprint`; "" where there is no such front to read."""
-    from explorer.files import read_json
-    from explorer.models import ModelSpec
+    from explorer.sweep import Front
 
     try:
-        front = read_json(out / "front.json", what="front")
-        made = front["model"]
-        record = made["model"]
-        spec = ModelSpec(str(record["name"]), record.get("batch_size"), record.get("input_size"))
-        if front.get("fingerprint") != fingerprint:
-            return ""
-        return f" ({_step_words(spec, made.get('autocast'), made.get('loss'))})"
-    except (UserError, KeyError, TypeError, AttributeError):
+        front = Front.load(out / "front.json")
+    except UserError:
         return ""
+    model = front.model.get("model")
+    if front.fingerprint != fingerprint or not isinstance(model, dict) or "name" not in model:
+        return ""
+    made = front.model
+    words = _step_words(
+        model["name"],
+        model.get("batch_size"),
+        model.get("input_size"),
+        made.get("autocast"),
+        made.get("loss"),
+    )
+    return f" ({words})"
 
 
 def cmd_models(_args: argparse.Namespace) -> int:

@@ -9,6 +9,11 @@ class BelowMinimum(UserError):
     """A budget under the least peak known (explorer.units.below_minimum words it)."""
 
 
+class OtherStep(UserError):
+    """A profile made for another step than the planner's: other graphs, or another loss
+    around them (the command line names both steps)."""
+
+
 class RematWarning(UserWarning):
     """Something the tool goes on with that may not hold as planned: said once, with what to
     do (a plan carried over to a graph it was not made for, a step that runs a graph more

@@ -27,7 +27,7 @@ from explorer.backend import input_signature, module_inside, parameter_signature
 from explorer.capture import CapturedGraph, capture
 from explorer.devices import PREDICTED
 from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
-from explorer.errors import UserError
+from explorer.errors import OtherStep, UserError
 from explorer.export import write_module
 from explorer.graph import Graph
 from explorer.losses import loss_name, named_loss
@@ -249,7 +249,7 @@ class Planner:
         graphs = self.capture()
         fingerprint = "+".join(g.fingerprint() for g in graphs)
         if profile.fingerprint != fingerprint:
-            raise UserError(
+            raise OtherStep(
                 f"the profile is for graph {profile.fingerprint}, this model traces to "
                 f"{fingerprint}: profile this model again"
             )
@@ -257,7 +257,7 @@ class Planner:
         if profile.loss != name:  # the same graphs, another step around them
             measured = f"with the loss {profile.loss}" if profile.loss else "without a loss"
             wanted = f"with the loss {name}" if name else "without one"
-            raise UserError(
+            raise OtherStep(
                 f"the profile was measured for a step {measured}, this planner's step is "
                 f"{wanted}: profile it again"
             )

@@ -481,8 +481,11 @@ def verify(
         report.measurements["CUDA reserved peak (bytes)"] = reserved
     report.rows.append(_peak_row(static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
-    timed = (reference, wrapped, (args, kwargs), values, seed, schedule, autocast, held, loss)
-    report.measurements.update(_timings(*timed, cancel))
+    report.measurements.update(
+        _timings(
+            reference, wrapped, (args, kwargs), values, seed, schedule, autocast, held, loss, cancel
+        )
+    )
     return report
 
 
