@@ -231,7 +231,7 @@ def capture(
     _refuse_checkpointed_batch_norm(captured)
     _refuse_sparse_tensors(captured)
     known = step_inputs_and_state(model, (args, kwargs))
-    outputs = output_tensors(result, known)
+    outputs = output_tensors(result, lambda: known)
     _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
     _attach_eager_code(captured, [*outputs, *losses], known)
     unreached = unreached_parameters(model, [*outputs, *losses])

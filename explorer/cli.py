@@ -245,6 +245,9 @@ def cmd_models(_args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from explorer.timingrounds import timing_seconds
+
+    timing_seconds()  # a bad $REMAT_EXPLORER_TIMING_SECONDS: refused before any work
     plan = _planner(args)
     out = Path(args.out)
     profile = _profile(plan, out)
@@ -263,8 +266,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import time
 
     from explorer.solvers.registry import search_seconds
+    from explorer.timingrounds import timing_seconds
 
     search_seconds()  # a bad $REMAT_EXPLORER_SEARCH_SECONDS: refused before any work
+    if not args.plan_for:  # a predicted profile times nothing
+        timing_seconds()
     plan = _planner(args)
     out = Path(args.out)
     started = time.perf_counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -253,22 +253,26 @@ def step_inputs_and_state(model: Any, inputs: Any) -> list[torch.Tensor]:
     return known
 
 
-def output_tensors(result: Any, known: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def output_tensors(
+    result: Any, known: Callable[[], list[torch.Tensor]] | None = None
+) -> list[torch.Tensor]:
     """The tensors a model's result holds: those of its nest of tuples, lists, dicts and
     registered pytree nodes (`ModelOutput`), in that order, then the step's tensors inside
     objects that pytree does not open, found through their attributes, lists, tuples and
     dicts, depth first: a transformers `DynamicCache` (`use_cache=True`) holds each layer's
     key and value states so. The step's are those with a `grad_fn`, and, given the tensors
-    that existed before the step (`known`: the model's and the inputs), every other one:
+    that existed before the step (`known()`: the model's and the inputs), every other one:
     Reformer's cache holds states its custom Function made without a `grad_fn` (8,192 bytes
     the user holds to the step's end). Modules are not searched: their parameters are not
-    outputs."""
+    outputs. `known` is called only when such an object holds a tensor without a `grad_fn`:
+    gathering the model's tensors took 1.7 ms of sample:unet b2 32 px's 21 ms step, inside
+    the steps that time it."""
     leaves = tree_leaves(result)
     found = [x for x in leaves if isinstance(x, torch.Tensor)]
     inside = reachable_tensors([x for x in leaves if not isinstance(x, torch.Tensor)])
-    if known is None:
+    if known is None or all(x.grad_fn is not None for x in inside):
         return found + [x for x in inside if x.grad_fn is not None]
-    existed = {storage_address(t) for t in known}
+    existed = {storage_address(t) for t in known()}
     return found + [x for x in inside if x.grad_fn is not None or storage_address(x) not in existed]
 
 

@@ -43,6 +43,7 @@ from explorer.solvers.registry import make_solver, search_seconds
 from explorer.step import StepSolver
 from explorer.stepcost import CAPTURED_AT_EVERY_CALL, StepTimes, measure_step_times
 from explorer.sweep import Front, sweep_budgets
+from explorer.timingrounds import timing_seconds
 from explorer.units import parse_budget
 from explorer.unmodified import unmodified_peak
 
@@ -144,6 +145,8 @@ class Planner:
     ) -> StepProfile:
         """Time every operator of every graph on the model's device, then the whole step
         unmodified and under the runtime (explorer.stepcost) (cached)."""
+        if self._profile is None:
+            timing_seconds()  # a bad $REMAT_EXPLORER_TIMING_SECONDS refused before the capture
         self.capture()
         if self._profile is None and self.device.type == "meta":
             raise UserError(

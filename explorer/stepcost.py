@@ -10,7 +10,8 @@ sample:gpt b8 256, 1.01 to 1.21x on mobilenet_v2 b16 96 px, and 1.16x on sample:
 machine's: one unmodified resnet50 step took 0.92 to 1.19 s within a minute). The operator
 profile cannot see that (it times the graph's operators, not the model's), so the planner
 times both whole steps here, interleaved (unmodified, runtime, unmodified, ...) after one
-untimed step of each, as many rounds as fit in TIMING_SECONDS, and a schedule's
+untimed step of each, as many rounds as fit in the timing seconds (explorer.timingrounds),
+and a schedule's
 predicted overhead is that ratio times its predicted seconds over the no-recompute seconds
 (explorer.schedule.Schedule.runtime_factor): overheads are against the unmodified model, as
 `verify` and the peers measure them.
@@ -36,16 +37,12 @@ from explorer.errors import UserError
 from explorer.memory import time_step
 from explorer.modelstate import device_of, grad_holders, kept
 from explorer.progress import CancelToken, check_cancel
+from explorer.timingrounds import another_round, timing_seconds
 from explorer.verify import step_autocast, training_step
 
-# timed rounds (each one unmodified step and one runtime step) after a warm-up round: as many
-# as fit in TIMING_SECONDS, at least one and at most MAX_ROUNDS (a 1 s step gets two). The
-# ratio's error moves every predicted overhead by as much: resnet18 b16 64 px (a 0.11 s step)
-# measured 0.924 to 1.062 in eight profiles with at most 5 rounds, 0.979 to 1.018 with the
-# 14 that fit; resnet50 b8 128 px gets 4 either way
-TIMING_SECONDS = 4.0
-MAX_ROUNDS = 20
-
+# the least timed rounds after the warm-up round (the ratio's error moves every predicted
+# overhead by as much, so more are timed where they fit: explorer.timingrounds)
+LEAST_ROUNDS = 1
 
 # the refusal of a step that Dynamo captures again at every call (the planner's too, where
 # the recompile limit is reached first)
@@ -91,13 +88,15 @@ def measure_step_times(
     *,
     autocast: torch.dtype | None = None,
     runtime: Callable[..., Any] | None = None,
-    seconds: float = TIMING_SECONDS,
+    seconds: float | None = None,
     cancel: CancelToken | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> StepTimes:
     """Time the model's training step unmodified and under the runtime with no schedule
     (every graph runs without recomputation), interleaved (see the module docstring).
-    `runtime`: such a compiled step already made (the capture's), else one is compiled."""
+    `runtime`: such a compiled step already made (the capture's), else one is compiled;
+    `seconds`: of timed rounds (explorer.timingrounds.timing_seconds() when None)."""
+    seconds = timing_seconds() if seconds is None else seconds
     device = device_of(model, (args, kwargs))
     made_here = runtime is None
     if runtime is None:
@@ -125,7 +124,7 @@ def measure_step_times(
     with kept(model, (args, kwargs)), dynamo_settings(), step_autocast(device, autocast):
         time_step(eager_step, device)  # warm-up (and the runtime's backward is compiled)
         time_step(runtime_step, device)
-        while not eager or (len(eager) < MAX_ROUNDS and sum(eager) + sum(ours) < seconds):
+        while another_round(eager, ours, LEAST_ROUNDS, seconds):
             check_cancel(cancel)
             eager.append(time_step(eager_step, device))
             ours.append(time_step(runtime_step, device))

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -79,6 +80,7 @@ from explorer.modelstate import (
 )
 from explorer.progress import CancelToken, check_cancel
 from explorer.schedule import Schedule
+from explorer.timingrounds import TIMING_SECONDS_VARIABLE, another_round, timing_seconds
 from explorer.units import format_bytes
 
 RTOL = 1e-5
@@ -88,11 +90,16 @@ PEAK_TOLERANCE = 0.03
 WRITTEN = "inputs written in place"  # the check of what a forward wrote into its inputs
 # and into the parameters (nn.Embedding(max_norm=...) renormalizes the rows it looks up)
 PARAMETERS_WRITTEN = "parameters written in place"
-TIMED_STEPS = 3
-# the widest spread of the timed rounds' overheads (in overhead, 0.10 = 10 points) before the
-# table says the measured overhead is not to be trusted
+# the least timed rounds, for a median; more where they fit (explorer.timingrounds)
+LEAST_ROUNDS = 3
+# the widest spread of the middle half of the timed rounds' overheads (in overhead, 0.10 =
+# 10 points) before the table says the measured overhead is not to be trusted: the middle
+# half, since the whole range widens with every round timed (sample:unet b2 32 px's 20
+# rounds ran from -3.5% to +35.6% where the median moved by a few points)
 NOISY_SPREAD = 0.10
 LOWEST_ROUND, HIGHEST_ROUND = "overhead, lowest round", "overhead, highest round"
+FIRST_QUARTILE, THIRD_QUARTILE = "overhead, first quartile", "overhead, third quartile"
+TIMED_ROUNDS = "timed rounds"
 # the note on a failed row when the two steps, from one seed, left the generators in other
 # states (explorer.capture warns of it when planning)
 OTHER_DRAWS = (
@@ -149,15 +156,23 @@ class VerifyReport:
 
 
 def timing_note(measurements: dict[str, float]) -> str | None:
-    """A line saying the measured overhead is not to be trusted, when the timed rounds'
-    overheads spread wider than NOISY_SPREAD: the machine's load then moved the steps more
-    than the schedule did (efficientnet_b0 measured -34% while two test workers ran)."""
-    low, high = measurements.get(LOWEST_ROUND), measurements.get(HIGHEST_ROUND)
+    """A line saying the measured overhead is not to be trusted, when the middle half of the
+    timed rounds' overheads spreads wider than NOISY_SPREAD: the machine's load then moved
+    the steps more than the schedule did (efficientnet_b0 measured -34% while two test
+    workers ran). A report from before the quartiles were kept is judged by its whole range."""
+    low, high = measurements.get(FIRST_QUARTILE), measurements.get(THIRD_QUARTILE)
+    which = "the middle half of "
+    if low is None or high is None:
+        low, high = measurements.get(LOWEST_ROUND), measurements.get(HIGHEST_ROUND)
+        which = ""
     if low is None or high is None or high - low <= NOISY_SPREAD:
         return None
+    rounds = measurements.get(TIMED_ROUNDS)
+    counted = f"{rounds:.0f} " if rounds is not None else ""
     return (
-        f"timing is noisy: the overhead of the {TIMED_STEPS} timed rounds ran from {low:+.1%} "
-        f"to {high:+.1%}, so the measured overhead says little; time again on an idle machine"
+        f"timing is noisy: {which}the overheads of the {counted}timed rounds ran from "
+        f"{low:+.1%} to {high:+.1%}, so the measured overhead says little; time again on an "
+        f"idle machine (or give {TIMING_SECONDS_VARIABLE} more seconds)"
     )
 
 
@@ -195,7 +210,7 @@ def training_step(
     torch.manual_seed(seed)
     seed_host_generators(seed)
     result = model(*inputs, **(kwargs or {}))
-    tensors = output_tensors(result, step_inputs_and_state(model, (inputs, kwargs)))
+    tensors = output_tensors(result, lambda: step_inputs_and_state(model, (inputs, kwargs)))
     if loss is not None:
         loss_of(result, loss).backward()
         return [o.detach() for o in tensors]
@@ -375,6 +390,7 @@ def verify(
     names but cannot hold. `cancel` stops it between steps (Cancelled); it runs copies of
     the model, so nothing of the caller's is left half-stepped."""
     path = Path(path)
+    seconds = timing_seconds()  # a bad $REMAT_EXPLORER_TIMING_SECONDS: refused before any work
     made_for, schedule = read_module(path)
     loss = _loss_for(path, made_for, loss)
     reference, args, kwargs = _models(made_for, model, example_inputs, example_kwargs, device)
@@ -483,7 +499,17 @@ def verify(
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
     report.measurements.update(
         _timings(
-            reference, wrapped, (args, kwargs), values, seed, schedule, autocast, held, loss, cancel
+            reference,
+            wrapped,
+            (args, kwargs),
+            values,
+            seed,
+            schedule,
+            autocast=autocast,
+            held=held,
+            loss=loss,
+            seconds=seconds,
+            cancel=cancel,
         )
     )
     return report
@@ -676,17 +702,21 @@ def _timings(
     values: InputValues,
     seed: int,
     schedule: dict,
+    *,
     autocast,
     held: bool,
     loss,
+    seconds: float,
     cancel: CancelToken | None = None,
 ) -> dict[str, float]:
-    """Median step times, interleaved so that drifts in machine load hit both alike, and
-    the lowest and highest overhead of a round (the schedule's step over the unmodified one
-    just before it): how far to trust the medians' overhead."""
+    """Median step times, interleaved so that drifts in machine load hit both alike, over
+    as many rounds as fit in `seconds` (explorer.timingrounds), and the lowest and highest
+    overhead of a round (the schedule's step over the unmodified one just before it): how
+    far to trust the medians' overhead."""
     dev = tensors_in(inputs)[0].device
-    ref_times, new_times = [], []
-    for _ in range(TIMED_STEPS):
+    ref_times: list[float] = []
+    new_times: list[float] = []
+    while another_round(ref_times, new_times, LEAST_ROUNDS, seconds):
         for model, times in ((reference, ref_times), (wrapped, new_times)):
             check_cancel(cancel)
             step_args, step_kwargs = _fresh_inputs(*inputs)
@@ -699,14 +729,18 @@ def _timings(
             with step_autocast(dev, autocast):
                 times.append(time_step(step, dev))
             values.restore()
-    ref_s, new_s = sorted(ref_times)[TIMED_STEPS // 2], sorted(new_times)[TIMED_STEPS // 2]
+    ref_s, new_s = statistics.median(ref_times), statistics.median(new_times)
     rounds = sorted(new / ref - 1 for new, ref in zip(new_times, ref_times, strict=True))
+    quartiles = statistics.quantiles(rounds, n=4, method="inclusive")
     return {
         "step seconds, schedule": new_s,
         "step seconds, unmodified model": ref_s,
         "overhead, measured": new_s / ref_s - 1,
         LOWEST_ROUND: rounds[0],
         HIGHEST_ROUND: rounds[-1],
+        FIRST_QUARTILE: quartiles[0],
+        THIRD_QUARTILE: quartiles[2],
+        TIMED_ROUNDS: len(rounds),
         "overhead, predicted": Schedule.from_dict(schedule).predicted_overhead,
     }
 

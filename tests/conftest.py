@@ -1,6 +1,7 @@
-"""Shared test settings: one CPU thread (stable, and fair on a 2-core machine), GPU tests
-skipped without CUDA, tests marked `slow` run after all the others, and `quick_search` for
-tests about exactness rather than the solver's quality."""
+"""Shared test settings: one CPU thread (stable, and fair on a 2-core machine), whole steps
+timed in their least rounds, GPU tests skipped without CUDA, tests marked `slow` run after
+all the others, and `quick_search` for tests about exactness rather than the solver's
+quality."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from explorer.solvers.registry import SEARCH_SECONDS
+from explorer.timingrounds import TIMING_SECONDS_VARIABLE
 
 QUICK_SEARCH_TOTAL = 8.0  # CBC seconds a quick_search sweep refines with, all budgets together
 
@@ -16,6 +18,17 @@ QUICK_SEARCH_TOTAL = 8.0  # CBC seconds a quick_search sweep refines with, all b
 def _one_thread():
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _least_timing_rounds(monkeypatch):
+    """Whole steps timed in their least rounds (the profile's one, verify's three) rather
+    than in the 4 s a user's profile and verify spend on a short step
+    (explorer.timingrounds): tests assert what schedules do and what they hold, not how
+    steady a clock is, and every profile and verify of the suite would pay those seconds.
+    Through the environment, so the command lines a test starts get it too; the tests of the
+    rounds themselves set it again."""
+    monkeypatch.setenv(TIMING_SECONDS_VARIABLE, "0")
 
 
 @pytest.fixture

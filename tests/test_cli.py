@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 from conftest import QUICK_SEARCH_TOTAL
+from helpers import planner
 
 from explorer import sweep
 from explorer.cli import build_parser, main
 from explorer.errors import UserError
 from explorer.solvers.registry import SEARCH_SECONDS
+from explorer.timingrounds import TIMING_SECONDS_VARIABLE
 from explorer.units import format_bytes, format_seconds, least_fraction, parse_budget
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -532,6 +534,26 @@ def test_search_seconds_that_are_not_a_number_are_refused_before_any_work(
     args = ["sweep", "--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(out)]
     assert_refused(capsys, args, SEARCH_SECONDS, "0 or more")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["profile", "sweep", "verify"])
+def test_timing_seconds_that_are_not_a_number_are_refused_before_any_work(
+    capsys, monkeypatch, tmp_path, command
+):
+    # catches: a bad $REMAT_EXPLORER_TIMING_SECONDS read after the model was built, captured
+    # and its operators timed, or taken as a time (-1: one round whatever the step)
+    monkeypatch.setenv(TIMING_SECONDS_VARIABLE, "-1")
+    built = []  # the model built: work done
+    monkeypatch.setattr(sys.modules["explorer.cli"], "_planner", built.append)
+    out = tmp_path / "out"
+    model = ["--model", "sample:tiny_mlp", "--batch-size", "2", "--out", str(out)]
+    args = [command, str(tmp_path / "none.py")] if command == "verify" else [command, *model]
+    assert_refused(capsys, args, TIMING_SECONDS_VARIABLE, "0 or more")
+    assert not out.exists() and not built
+    plan = planner("sample:tiny_mlp", 2, None)
+    with pytest.raises(UserError, match=TIMING_SECONDS_VARIABLE):
+        plan.profile()
+    assert plan._captured is None  # refused before the capture
 
 
 def _default_sigint() -> None:

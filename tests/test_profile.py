@@ -18,6 +18,7 @@ from explorer.graph import PLACEHOLDER
 from explorer.profile import StepProfile
 from explorer.schedule import Schedule
 from explorer.sweep import Front
+from explorer.timingrounds import MAX_ROUNDS, TIMING_SECONDS, TIMING_SECONDS_VARIABLE
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +134,15 @@ def test_a_short_step_is_timed_in_as_many_rounds_as_fit_in_the_timing_seconds(mo
         return 0.25
 
     monkeypatch.setattr(stepcost, "time_step", a_quarter_of_a_second)
+    monkeypatch.delenv(TIMING_SECONDS_VARIABLE)  # a user's: tests time the least rounds
     plan = planner("sample:tiny_cnn", 2, 16)
     stepcost.measure_step_times(plan.model, plan.example_inputs, {})
     rounds = (len(timed) - 2) // 2  # after the warm-up's two steps
-    assert rounds == stepcost.TIMING_SECONDS / 0.5 < stepcost.MAX_ROUNDS
+    assert rounds == TIMING_SECONDS / 0.5 < MAX_ROUNDS
+    timed.clear()
+    monkeypatch.setenv(TIMING_SECONDS_VARIABLE, "0")
+    stepcost.measure_step_times(plan.model, plan.example_inputs, {})
+    assert (len(timed) - 2) // 2 == stepcost.LEAST_ROUNDS
 
 
 def test_predicted_overheads_are_against_the_unmodified_step(profiled, tmp_path):

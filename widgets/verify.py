@@ -53,7 +53,13 @@ def timing_lines(measurements: dict[str, float]) -> str:
     """The measured overhead of the step beside the predicted one, with the spread of the
     timed rounds and, when they disagree, verify's word that the timing is noisy: the
     cost model's check, as a measurement ('' for a report without timings)."""
-    from explorer.verify import HIGHEST_ROUND, LOWEST_ROUND, timing_note
+    from explorer.verify import (
+        FIRST_QUARTILE,
+        HIGHEST_ROUND,
+        LOWEST_ROUND,
+        THIRD_QUARTILE,
+        timing_note,
+    )
 
     measured = measurements.get("overhead, measured")
     predicted = measurements.get("overhead, predicted")
@@ -62,7 +68,11 @@ def timing_lines(measurements: dict[str, float]) -> str:
     text = f"step time: {measured:+.1%} measured"
     if LOWEST_ROUND in measurements and HIGHEST_ROUND in measurements:
         low, high = measurements[LOWEST_ROUND], measurements[HIGHEST_ROUND]
-        text += f" (rounds {low:+.1%} to {high:+.1%})"
+        text += f" (rounds {low:+.1%} to {high:+.1%}"
+        if FIRST_QUARTILE in measurements and THIRD_QUARTILE in measurements:
+            first, third = measurements[FIRST_QUARTILE], measurements[THIRD_QUARTILE]
+            text += f", middle half {first:+.1%} to {third:+.1%}"
+        text += ")"
     lines = [text + f", {predicted:+.1%} predicted"]
     noisy = timing_note(measurements)
     if noisy is not None:

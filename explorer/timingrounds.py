@@ -1,0 +1,51 @@
+"""How long whole training steps are timed: the profile's runtime factor (explorer.stepcost)
+and verify's measured overhead both time interleaved rounds, one unmodified step and one
+wrapped step each, as many as fit in the same seconds.
+
+A short step timed in a few rounds gives a ratio that moves from one measurement to the
+next: resnet18 b16 64 px (a 0.11 s step) read its runtime factor as 0.924 to 1.062 in eight
+profiles with at most 5 rounds, and 0.979 to 1.018 with the 14 that fit in 4 s; verify's
+three rounds read sample:unet b2 32 px's no-recompute point as -6.0% to +19.2%. A long step
+gets its least rounds whatever the seconds (resnet50 b8 128 px, a 1.2 s step: two in the
+profile, three in verify).
+
+$REMAT_EXPLORER_TIMING_SECONDS changes the seconds for the profile and verify alike (0: the
+least rounds; more on a machine whose load moves the steps).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from explorer.errors import UserError
+
+TIMING_SECONDS_VARIABLE = "REMAT_EXPLORER_TIMING_SECONDS"
+TIMING_SECONDS = 4.0
+MAX_ROUNDS = 20
+
+
+def timing_seconds() -> float:
+    """Seconds of timed rounds: $REMAT_EXPLORER_TIMING_SECONDS where set, else TIMING_SECONDS."""
+    text = os.environ.get(TIMING_SECONDS_VARIABLE, "").strip()
+    if not text:
+        return TIMING_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise UserError(
+            f"{TIMING_SECONDS_VARIABLE}={text!r} is not a number of seconds: give 0 or more "
+            f"(how long whole steps are timed; {TIMING_SECONDS:g} when unset)"
+        )
+    return seconds
+
+
+def another_round(first: list[float], second: list[float], least: int, seconds: float) -> bool:
+    """Whether to time one more round, given the seconds each side's steps took so far: until
+    `least` rounds, then while the rounds fit in `seconds` and number under MAX_ROUNDS."""
+    done = len(first)
+    if done < least:
+        return True
+    return done < MAX_ROUNDS and sum(first) + sum(second) < seconds
