@@ -15,10 +15,7 @@ least rounds; more on a machine whose load moves the steps).
 
 from __future__ import annotations
 
-import math
-import os
-
-from explorer.errors import UserError
+from explorer.units import seconds_from_environment
 
 TIMING_SECONDS_VARIABLE = "REMAT_EXPLORER_TIMING_SECONDS"
 TIMING_SECONDS = 4.0
@@ -27,19 +24,9 @@ MAX_ROUNDS = 20
 
 def timing_seconds() -> float:
     """Seconds of timed rounds: $REMAT_EXPLORER_TIMING_SECONDS where set, else TIMING_SECONDS."""
-    text = os.environ.get(TIMING_SECONDS_VARIABLE, "").strip()
-    if not text:
-        return TIMING_SECONDS
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise UserError(
-            f"{TIMING_SECONDS_VARIABLE}={text!r} is not a number of seconds: give 0 or more "
-            f"(how long whole steps are timed; {TIMING_SECONDS:g} when unset)"
-        )
-    return seconds
+    return seconds_from_environment(
+        TIMING_SECONDS_VARIABLE, TIMING_SECONDS, "how long whole steps are timed"
+    )
 
 
 def another_round(first: list[float], second: list[float], least: int, seconds: float) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 
 from explorer.errors import BelowMinimum, UserError
@@ -98,6 +99,25 @@ def _positive(value: int, raw: object) -> int:
     if value <= 0:
         raise UserError(f"budget {raw!r} must be positive")
     return value
+
+
+def seconds_from_environment(variable: str, default: float, what: str) -> float:
+    """Seconds from the environment variable `variable` (`default` when unset or blank):
+    a finite number of at least 0, else a UserError naming the variable and `what` it sets,
+    so that a setting every process a command starts inherits is refused before any work."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise UserError(
+            f"{variable}={text!r} is not a number of seconds: give 0 or more "
+            f"({what}; {default:g} when unset)"
+        )
+    return seconds
 
 
 def format_bytes(n: int | float) -> str:

@@ -15,14 +15,13 @@ benchmarks and the tests all build them here.
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable
 
 from explorer.errors import UserError
 from explorer.graph import Graph
 from explorer.profile import Profile
 from explorer.solve import REFINE_TOTAL, Solver
+from explorer.units import seconds_from_environment
 
 EXACT_SECONDS = 60.0
 # the default solver's refinement time per graph, all budgets together, where the caller
@@ -34,19 +33,9 @@ SEARCH_SECONDS = "REMAT_EXPLORER_SEARCH_SECONDS"
 def search_seconds() -> float:
     """The default solver's refinement seconds per graph: $REMAT_EXPLORER_SEARCH_SECONDS
     where set (0 keeps the table's answers), else explorer.solve.REFINE_TOTAL."""
-    text = os.environ.get(SEARCH_SECONDS, "").strip()
-    if not text:
-        return REFINE_TOTAL
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise UserError(
-            f"{SEARCH_SECONDS}={text!r} is not a number of seconds: give 0 or more "
-            f"(the default solver's refinement time per graph; {REFINE_TOTAL:g} when unset)"
-        )
-    return seconds
+    return seconds_from_environment(
+        SEARCH_SECONDS, REFINE_TOTAL, "the default solver's refinement time per graph"
+    )
 
 
 def _chain(graph: Graph, profile: Profile, time_limit: float | None, **kw) -> Solver:
