@@ -11,10 +11,9 @@ machine's: one unmodified resnet50 step took 0.92 to 1.19 s within a minute). Th
 profile cannot see that (it times the graph's operators, not the model's), so the planner
 times both whole steps here, interleaved (unmodified, runtime, unmodified, ...) after one
 untimed step of each, as many rounds as fit in the timing seconds (explorer.timingrounds),
-and a schedule's
-predicted overhead is that ratio times its predicted seconds over the no-recompute seconds
-(explorer.schedule.Schedule.runtime_factor): overheads are against the unmodified model, as
-`verify` and the peers measure them.
+and a schedule's predicted overhead is that ratio times its predicted seconds over the
+no-recompute seconds (explorer.schedule.Schedule.runtime_factor): overheads are against the
+unmodified model, as `verify` and the peers measure them.
 
 Both steps are `verify`'s training step (the forward, then a backward from seeded random
 gradients of every output that requires grad), from no gradients, on the user's model: `kept`
