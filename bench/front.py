@@ -42,6 +42,7 @@ import contextlib
 import copy
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -558,6 +559,10 @@ def main() -> None:
                 "torch": torch.__version__,
                 "device": front.setup.get("device"),
                 "threads": torch.get_num_threads(),
+                # glibc's settings, which move CPU step times (docs/BENCHMARKS.md)
+                "malloc_environment": {
+                    k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")
+                },
                 "meter": (
                     "CUDA caching allocator, bytes requested (requested_bytes.all.peak)"
                     if device.type == "cuda"
