@@ -159,20 +159,15 @@ def timing_note(measurements: dict[str, float]) -> str | None:
     """A line saying the measured overhead is not to be trusted, when the middle half of the
     timed rounds' overheads spreads wider than NOISY_SPREAD: the machine's load then moved
     the steps more than the schedule did (efficientnet_b0 measured -34% while two test
-    workers ran). A report from before the quartiles were kept is judged by its whole range."""
+    workers ran). None for a report without timings."""
     low, high = measurements.get(FIRST_QUARTILE), measurements.get(THIRD_QUARTILE)
-    which = "the middle half of "
-    if low is None or high is None:
-        low, high = measurements.get(LOWEST_ROUND), measurements.get(HIGHEST_ROUND)
-        which = ""
     if low is None or high is None or high - low <= NOISY_SPREAD:
         return None
-    rounds = measurements.get(TIMED_ROUNDS)
-    counted = f"{rounds:.0f} " if rounds is not None else ""
     return (
-        f"timing is noisy: {which}the overheads of the {counted}timed rounds ran from "
-        f"{low:+.1%} to {high:+.1%}, so the measured overhead says little; time again on an "
-        f"idle machine (or give {TIMING_SECONDS_VARIABLE} more seconds)"
+        f"timing is noisy: the middle half of the overheads of the "
+        f"{measurements[TIMED_ROUNDS]:.0f} timed rounds ran from {low:+.1%} to {high:+.1%}, so "
+        f"the measured overhead says little; time again on an idle machine (or give "
+        f"{TIMING_SECONDS_VARIABLE} more seconds)"
     )
 
 
