@@ -5,7 +5,8 @@ wrapped step each, as many as fit in the same seconds.
 A short step timed in a few rounds gives a ratio that moves from one measurement to the
 next: resnet18 b16 64 px (a 0.11 s step) read its runtime factor as 0.924 to 1.062 in eight
 profiles with at most 5 rounds, and 0.979 to 1.018 with the 14 that fit in 4 s; verify's
-three rounds read sample:unet b2 32 px's no-recompute point as -6.0% to +19.2%. A long step
+three rounds put sample:unet b2 32 px's no-recompute point at +7.8% to +17.2% from one
+verify to the next, twenty at +11.6% to +14.9%. A long step
 gets its least rounds whatever the seconds (resnet50 b8 128 px, a 1.2 s step: two in the
 profile, three in verify).
 
