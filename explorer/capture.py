@@ -94,11 +94,9 @@ class CapturedGraph:
     # the compiled step that captured it (every graph of the step, without recomputation):
     # what the profile times as the runtime's own step (explorer.stepcost), compiled once
     runtime: Callable[..., Any] | None = field(default=None, repr=False)
-    # sets (or clears, with None) what that step calls at each graph run's forward and
-    # backward start and end (explorer.eagerpeaks)
-    set_marker: Callable[[Callable[[str, str], None] | None], None] | None = field(
-        default=None, repr=False
-    )
+    # that step's backend, which counts its runs as a plan's does and calls a marker at
+    # each graph run's forward and backward start and end (explorer.eagerpeaks)
+    backend: _Recorder | None = field(default=None, repr=False)
     # the model's parameters that the step's autograd graph does not reach: their gradients,
     # if any, come from code no graph or eager node shows (explorer.eager.unreached_parameters)
     unreached: list = field(default_factory=list, repr=False)
@@ -240,7 +238,7 @@ def capture(
     _warn_of_parameters_outside_graphs(outside, model)
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed
-        graph.runtime, graph.set_marker = call, recorder.set_marker
+        graph.runtime, graph.backend = call, recorder
         graph.unreached, graph.outside = unreached, outside
     return captured
 

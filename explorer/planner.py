@@ -23,7 +23,13 @@ import torch
 from torch import nn
 
 from explorer import metadevice
-from explorer.backend import input_signature, module_inside, parameter_signature
+from explorer.backend import (
+    RecompileLimitReached,
+    RematModule,
+    input_signature,
+    module_inside,
+    parameter_signature,
+)
 from explorer.capture import CapturedGraph, capture
 from explorer.devices import PREDICTED
 from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
@@ -204,13 +210,20 @@ class Planner:
         outside the graphs (explorer.stepcost, explorer.eagerpeaks)."""
         assert self._captured is not None
         first_run = self._captured[0]
-        assert first_run.runtime is not None and first_run.set_marker is not None
+        assert first_run.runtime is not None and first_run.backend is not None
+        wrapped = RematModule.over(
+            self.model,
+            first_run.backend,
+            first_run.runtime,
+            self.example_inputs,
+            self.example_kwargs,
+        )
         times = measure_step_times(
             self.model,
             self.example_inputs,
             self.example_kwargs,
             autocast=self.autocast,
-            runtime=first_run.runtime,
+            runtime=wrapped,
             cancel=cancel,
             loss=self.loss,
         )
@@ -225,14 +238,14 @@ class Planner:
         self.capture()
         assert self._captured is not None
         first_run = self._captured[0]
-        assert first_run.runtime is not None and first_run.set_marker is not None
+        assert first_run.runtime is not None and first_run.backend is not None
         with self._as_on_a_device():
             return measure_eager_peaks(
                 self.model,
                 self.example_inputs,
                 self.example_kwargs,
                 first_run.runtime,
-                first_run.set_marker,
+                first_run.backend.set_marker,
                 len(self._captured),
                 autocast=self.autocast,
                 loss=self.loss,
@@ -315,6 +328,7 @@ class Planner:
                 [p.workspace for p in profile.graphs],
                 [c.handoff for c in self._captured],
                 runtime_factor=profile.runtime_factor,
+                runtime_seconds=profile.runtime_seconds,
                 moments=[p.eager for p in profile.graphs],
                 gradients_held=self.gradients_held,
                 solver_of=[
@@ -499,10 +513,11 @@ def _refusing_a_step_compiled_at_every_call() -> Iterator[None]:
     """Turn Dynamo's recompile limit, reached while the planner runs the step again, into a
     UserError: the model's Python takes another path at every call, so no plan of one
     step's graphs holds for the next (transformers' BigBird with block-sparse attention draws
-    its random blocks in Python: 64 recompilations within its first steps)."""
+    its random blocks in Python: 64 recompilations within its first steps). The profile's
+    timed runtime is a wrapped model (explorer.stepcost), which says so in its own error."""
     try:
         yield
-    except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
+    except (torch._dynamo.exc.FailOnRecompileLimitHit, RecompileLimitReached) as exc:
         raise UserError(CAPTURED_AT_EVERY_CALL) from exc
 
 

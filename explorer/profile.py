@@ -111,6 +111,11 @@ class StepProfile:
         return self.step_times.factor if self.step_times is not None else 1.0
 
     @property
+    def runtime_seconds(self) -> float | None:
+        """The runtime's no-recompute step, in seconds (None: not measured)."""
+        return self.step_times.runtime_seconds if self.step_times is not None else None
+
+    @property
     def fingerprint(self) -> str:
         return "+".join(p.fingerprint for p in self.graphs)
 

@@ -302,6 +302,7 @@ class StepSolver:
         handoffs: list[Handoff] | None = None,
         *,
         runtime_factor: float = 1.0,
+        runtime_seconds: float | None = None,
         solver_of: list[int] | None = None,
         moments: list[EagerPeaks] | None = None,
         gradients_held: bool = False,
@@ -311,6 +312,7 @@ class StepSolver:
         self.runs = [self.solver_of.count(k) for k in range(len(solvers))]
         self.single = len(graphs) == 1  # the step is that graph's own simulation
         self.runtime_factor = runtime_factor  # the profile's (explorer.stepcost)
+        self.runtime_seconds = runtime_seconds  # likewise (explorer.schedule.Schedule)
         self.solvers = solvers
         self.workspace = workspace
         self.handoffs = handoffs
@@ -385,6 +387,7 @@ class StepSolver:
             gap=worst.gap,
             solve_seconds=sum(s.solve_seconds for s in schedules),
             runtime_factor=self.runtime_factor,
+            runtime_seconds=self.runtime_seconds,
         )
 
     def each_graph(self, schedules: list[GraphSchedule]) -> list[GraphSchedule]:

@@ -9,6 +9,7 @@ import copy
 import io
 import itertools
 import random
+import threading
 import warnings
 
 import numpy
@@ -22,6 +23,7 @@ import explorer
 from explorer.backend import (
     EXACT,
     MAPPED,
+    RECOMPILES,
     RESIZED,
     RematError,
     RematWarning,
@@ -155,6 +157,33 @@ def test_parameter_guards_are_kept_while_the_wrapped_model_runs():
     assert torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags  # PyTorch's default
     with dynamo_settings():
         assert not torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags
+
+
+def test_the_settings_hold_in_every_block_and_are_put_back_after_the_outermost():
+    # catches: the settings' patches, made once per thread and entered by the outermost block
+    # only, left unentered after a first block (a flag never reset, after an error too), put
+    # back by an inner block while the outer one runs, or missing in another thread
+    default = torch._dynamo.config.recompile_limit
+    for _ in range(2):
+        with pytest.raises(ValueError), dynamo_settings():
+            raise ValueError
+        with dynamo_settings():
+            with dynamo_settings():
+                assert torch._dynamo.config.recompile_limit == RECOMPILES
+            assert torch._dynamo.config.recompile_limit == RECOMPILES
+            assert not torch._functorch.config.donated_buffer
+        assert torch._dynamo.config.recompile_limit == default
+    seen: list[int] = []
+
+    def in_another_thread() -> None:
+        with dynamo_settings():
+            seen.append(torch._dynamo.config.recompile_limit)
+
+    with dynamo_settings():
+        thread = threading.Thread(target=in_another_thread)
+        thread.start()
+        thread.join()
+    assert seen == [RECOMPILES]
 
 
 def test_batchnorm_put_in_eval_after_wrap(planned):
