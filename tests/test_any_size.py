@@ -110,6 +110,8 @@ def test_a_forward_that_fixes_its_size_in_python_is_refused_in_words_at_the_limi
             return (x * self.weight).sum(1) * float(str(x.shape[1]))
 
     monkeypatch.setattr(backend, "RECOMPILES", 8)  # Dynamo's limit as the runtime sets it
+    # the settings' patches, made once per thread, are made again with it (and put back after)
+    monkeypatch.setattr(backend._settings, "patches", None, raising=False)
     # a plan of no graph, for inputs of no size: every call runs at another size
     wrapped = wrap_with_schedule(Fixes(), {"input_signature": []}, Schedule([]).to_dict())
     with pytest.raises(RematError, match="again 8 times .*recompile limit.*TORCH_LOGS=recompiles"):
