@@ -224,6 +224,7 @@ class Planner:
             self.example_kwargs,
             autocast=self.autocast,
             runtime=wrapped,
+            set_marker=first_run.backend.set_marker,
             cancel=cancel,
             loss=self.loss,
         )
@@ -329,6 +330,7 @@ class Planner:
                 [c.handoff for c in self._captured],
                 runtime_factor=profile.runtime_factor,
                 runtime_seconds=profile.runtime_seconds,
+                graph_seconds=profile.graph_seconds,
                 moments=[p.eager for p in profile.graphs],
                 gradients_held=self.gradients_held,
                 solver_of=[

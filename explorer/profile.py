@@ -116,6 +116,11 @@ class StepProfile:
         return self.step_times.runtime_seconds if self.step_times is not None else None
 
     @property
+    def graph_seconds(self) -> float | None:
+        """Of that step, the seconds inside its graphs (None: not measured)."""
+        return self.step_times.graph_seconds if self.step_times is not None else None
+
+    @property
     def fingerprint(self) -> str:
         return "+".join(p.fingerprint for p in self.graphs)
 
@@ -190,10 +195,15 @@ def _step_times(data: dict | None) -> StepTimes | None:
     """The measured step times of a profile.json (raises on a damaged entry)."""
     if data is None:
         return None
+    inside = data.get("graph_seconds")  # absent in older files
     times = StepTimes(
-        float(data["eager_seconds"]), float(data["runtime_seconds"]), float(data["factor"])
+        float(data["eager_seconds"]),
+        float(data["runtime_seconds"]),
+        float(data["factor"]),
+        None if inside is None else float(inside),
     )
-    if not all(math.isfinite(t) and t > 0 for t in asdict(times).values()):
+    measured = [t for t in asdict(times).values() if t is not None]
+    if not all(math.isfinite(t) and t > 0 for t in measured):
         raise ValueError(f"step times {data!r}")
     return times
 

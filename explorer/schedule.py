@@ -88,19 +88,23 @@ class Schedule(_Predicted):
     `runtime_factor` is the runtime's no-recompute step over the unmodified model's, measured
     when profiling (explorer.stepcost; 1.0 where it was not): its predicted overhead is
     against the unmodified model, so even the no-recompute schedule has one. What a schedule
-    recomputes adds its operators' seconds to that measured step (`runtime_seconds`), rather
-    than scaling them by the factor: most of what the runtime adds is a cost per call
-    (Dynamo's guards, AOTAutograd's wrappers, the wrapped call's checks), which recomputation
-    does not grow: sample:tiny_cnn b4 32 px's lowest point (factor 1.16) is predicted at
-    +35.3% added and +39.7% scaled, and verify measured +36.6% (with a factor of 1.30,
-    read from too few rounds, scaled said +54.7%). Where the step was not measured (a plan
-    from the cost model), the no-recompute seconds stand for it."""
+    recomputes adds its operators' seconds to that measured step (`runtime_seconds`), at the
+    pace the step's graphs ran at (`graph_seconds` over the profiled `baseline_seconds`),
+    rather than scaling them by the factor: what the runtime adds outside its graphs is a
+    cost per call (Dynamo's guards, AOTAutograd's wrappers, the wrapped call's checks), which
+    recomputation does not grow. sample:tiny_cnn b4 32 px spends 34% of its runtime step
+    outside the graphs, resnet50 b8 128 px 2%: scaled by the factor, tiny_cnn's lowest point
+    was predicted at +54.7% where verify measured +35% to +39%. Where the step was not
+    measured (a plan from the cost model), the no-recompute seconds stand for it; where its
+    graphs were not timed (CUDA, an older profile), the pace is 1."""
 
     graphs: list[GraphSchedule]
     runtime_factor: float = 1.0
     # the runtime's no-recompute step as the profile measured it (explorer.stepcost); None
     # where it was not measured, and in files written before it was recorded
     runtime_seconds: float | None = None
+    # of that step, the seconds inside its compiled graphs (None: not measured)
+    graph_seconds: float | None = None
     context: object | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -109,8 +113,10 @@ class Schedule(_Predicted):
         if self.baseline_seconds <= 0:
             return self.runtime_factor - 1.0
         step = self.runtime_seconds or self.baseline_seconds
+        # the seconds the graphs' operators take in the runtime's step per second profiled
+        pace = self.graph_seconds / self.baseline_seconds if self.graph_seconds else 1.0
         # a plan with the no-recompute step's seconds then costs exactly the runtime's share
-        recomputed = (self.predicted_seconds - self.baseline_seconds) / step
+        recomputed = (self.predicted_seconds - self.baseline_seconds) * pace / step
         return self.runtime_factor * (1.0 + recomputed) - 1.0
 
     @property
@@ -135,6 +141,7 @@ class Schedule(_Predicted):
             **self._predicted_dict(),
             "runtime_factor": self.runtime_factor,
             "runtime_seconds": self.runtime_seconds,
+            "graph_seconds": self.graph_seconds,
         }
 
     @classmethod

@@ -303,6 +303,7 @@ class StepSolver:
         *,
         runtime_factor: float = 1.0,
         runtime_seconds: float | None = None,
+        graph_seconds: float | None = None,
         solver_of: list[int] | None = None,
         moments: list[EagerPeaks] | None = None,
         gradients_held: bool = False,
@@ -313,6 +314,7 @@ class StepSolver:
         self.single = len(graphs) == 1  # the step is that graph's own simulation
         self.runtime_factor = runtime_factor  # the profile's (explorer.stepcost)
         self.runtime_seconds = runtime_seconds  # likewise (explorer.schedule.Schedule)
+        self.graph_seconds = graph_seconds
         self.solvers = solvers
         self.workspace = workspace
         self.handoffs = handoffs
@@ -388,6 +390,7 @@ class StepSolver:
             solve_seconds=sum(s.solve_seconds for s in schedules),
             runtime_factor=self.runtime_factor,
             runtime_seconds=self.runtime_seconds,
+            graph_seconds=self.graph_seconds,
         )
 
     def each_graph(self, schedules: list[GraphSchedule]) -> list[GraphSchedule]:

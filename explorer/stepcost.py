@@ -22,13 +22,16 @@ is, through `RematModule`'s forward: what every wrapped call does around the com
 (Dynamo's settings, the checks for held gradients and activations, the input signature) is
 part of the factor. Timed as a plain call of the compiled step, it was not: 0.2 ms a call on
 this CPU, 7% of sample:tiny_cnn b4 32 px's 4 ms step, whose no-recompute point was predicted
-at +20.9% where verify measured +29% to +31% (both in at most 20 rounds).
+at +20.9% where verify measured +29% to +31% (both in at most 20 rounds). On the CPU the
+runtime's step also times its graphs (the capture's marks at every graph run's start and
+end): what a schedule recomputes runs at their pace (explorer.schedule.Schedule).
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ import torch
 from torch import nn
 
 from explorer.backend import RematBackend, RematModule, compile_call
+from explorer.eagerpeaks import START
 from explorer.errors import RematWarning, UserError
 from explorer.memory import time_step
 from explorer.modelstate import device_of, grad_holders, kept
@@ -79,11 +83,31 @@ def _compiling() -> Iterator[list[None]]:
 @dataclass
 class StepTimes:
     """Median seconds of one training step: the unmodified model's, and the runtime's
-    without recomputation; `factor` is their median ratio over the rounds."""
+    without recomputation; `factor` is their median ratio over the rounds. `graph_seconds`:
+    of the runtime's step, the seconds inside its compiled graphs' forwards and backwards,
+    where recomputed operators run too (None: not measured, as on CUDA, whose kernels run
+    after the Python that queues them)."""
 
     eager_seconds: float
     runtime_seconds: float
     factor: float
+    graph_seconds: float | None = None
+
+
+class _InsideGraphs:
+    """A marker (explorer.eagerpeaks) that adds up the seconds between each graph run's
+    start and end."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, _kind: str, edge: str) -> None:
+        now = time.perf_counter()
+        if edge == START:
+            self._started = now
+        else:
+            self.seconds += now - self._started
 
 
 def measure_step_times(
@@ -93,6 +117,7 @@ def measure_step_times(
     *,
     autocast: torch.dtype | None = None,
     runtime: RematModule | None = None,
+    set_marker: Callable[[Callable[[str, str], None] | None], None] | None = None,
     seconds: float | None = None,
     cancel: CancelToken | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
@@ -101,8 +126,9 @@ def measure_step_times(
     (every graph runs without recomputation), interleaved (see the module docstring), the
     latter called as a wrapped model is (RematModule.over), with the work a wrapped call
     does around the compiled step. `runtime`: such a step already compiled (the capture's),
-    else one is compiled; `seconds`: of timed rounds (explorer.timingrounds.timing_seconds()
-    when None)."""
+    else one is compiled; `set_marker`: its backend's marks at every graph run's start and
+    end (the capture's), which time the graphs inside it on the CPU; `seconds`: of timed
+    rounds (explorer.timingrounds.timing_seconds() when None)."""
     seconds = timing_seconds() if seconds is None else seconds
     device = device_of(model, (args, kwargs))
     made_here = runtime is None
@@ -122,10 +148,21 @@ def measure_step_times(
     eager_step = step(model)
     compiled: list[bool] = []  # whether each runtime step compiled (captured the model again)
 
+    inside: list[float] = []  # each runtime step's seconds inside its graphs
+    marking = set_marker is not None and device.type == "cpu"
+
     def runtime_step() -> None:
-        with _compiling() as compiles:
-            step(runtime)()
+        clock = _InsideGraphs()
+        if marking:
+            set_marker(clock)
+        try:
+            with _compiling() as compiles:
+                step(runtime)()
+        finally:
+            if marking:
+                set_marker(None)
         compiled.append(bool(compiles))
+        inside.append(clock.seconds)
 
     eager: list[float] = []
     ours: list[float] = []
@@ -149,4 +186,5 @@ def measure_step_times(
         eager_seconds=statistics.median(eager),
         runtime_seconds=statistics.median(ours),
         factor=statistics.median(ratios) if ratios else 1.0,
+        graph_seconds=statistics.median(inside[1:]) if marking else None,  # after the warm-up
     )

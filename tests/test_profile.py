@@ -101,9 +101,14 @@ def test_the_step_is_timed_unmodified_and_under_the_runtime(profiled, tmp_path):
     times = profile.step_times
     assert times is not None and times.eager_seconds > 0 and times.runtime_seconds > 0
     assert profile.runtime_factor == times.factor > 0
+    # catches: the graphs' share of the runtime's step not timed, or timed around the step
+    assert 0 < times.graph_seconds < times.runtime_seconds
     again = StepProfile.load(profile.save(tmp_path / "profile.json"))
     assert again.step_times == times
     data = json.loads((tmp_path / "profile.json").read_text())
+    del data["step_times"]["graph_seconds"]  # from before it was measured
+    (tmp_path / "older.json").write_text(json.dumps(data))
+    assert StepProfile.load(tmp_path / "older.json").step_times.graph_seconds is None
     data["step_times"] = None  # a profile.json from before: overheads against the graph's
     (tmp_path / "old.json").write_text(json.dumps(data))
     assert StepProfile.load(tmp_path / "old.json").runtime_factor == 1.0
@@ -157,10 +162,12 @@ def test_predicted_overheads_are_against_the_unmodified_step(profiled, tmp_path)
     plan.solver(name="table")
     front = plan.sweep(points=3)
     factor, step = profile.runtime_factor, profile.step_times.runtime_seconds
+    inside = profile.step_times.graph_seconds
     assert front.runtime_factor == factor
     for point in front.points:
         schedule = point.schedule
-        recomputed = schedule.predicted_seconds - schedule.baseline_seconds
+        pace = inside / schedule.baseline_seconds
+        recomputed = (schedule.predicted_seconds - schedule.baseline_seconds) * pace
         expected = factor * (step + recomputed) / step - 1
         assert point.predicted_overhead == pytest.approx(expected, rel=1e-12)
     assert front.points[-1].predicted_overhead == pytest.approx(factor - 1, rel=1e-12)
@@ -196,10 +203,14 @@ def test_recomputation_adds_its_seconds_to_the_measured_step_rather_than_scaling
     plan = Schedule(graphs=[], predicted_seconds=0.004, baseline_seconds=0.003)
     plan.runtime_factor, plan.runtime_seconds = 1.3, 0.005
     assert plan.predicted_overhead == pytest.approx(1.3 * (0.005 + 0.001) / 0.005 - 1)
+    # the graphs took 0.0036 s of the step, where their operators were profiled at 0.003 s:
+    # a recomputed operator costs 1.2 times its profiled seconds
+    plan.graph_seconds = 0.0036
+    assert plan.predicted_overhead == pytest.approx(1.3 * (0.005 + 0.0012) / 0.005 - 1)
     assert Schedule.from_dict(plan.to_dict()).predicted_overhead == plan.predicted_overhead
     # not measured (a plan from the cost model, an older file): the no-recompute seconds
     # stand for the step
-    plan.runtime_seconds = None
+    plan.runtime_seconds = plan.graph_seconds = None
     assert plan.predicted_overhead == pytest.approx(1.3 * 0.004 / 0.003 - 1)
 
 
