@@ -92,7 +92,7 @@ class Schedule(_Predicted):
     pace the step's graphs ran at (`graph_seconds` over the profiled `baseline_seconds`),
     rather than scaling them by the factor: what the runtime adds outside its graphs is a
     cost per call (Dynamo's guards, AOTAutograd's wrappers, the wrapped call's checks), which
-    recomputation does not grow. sample:tiny_cnn b4 32 px spends 34% of its runtime step
+    recomputation does not grow. sample:tiny_cnn b4 32 px spends 33% of its runtime step
     outside the graphs, resnet50 b8 128 px 2%: scaled by the factor, tiny_cnn's lowest point
     was predicted at +54.7% where verify measured +35% to +39%. Where the step was not
     measured (a plan from the cost model), the no-recompute seconds stand for it; where its
