@@ -20,7 +20,8 @@ gap, status). Then runs, in this one process and on the same training step
 Every variant is warmed up (captured and compiled) first, then, after one untimed round,
 timed in `--repeats` rounds that run every variant once each (the order rotating from round
 to round), so that a noisy machine slows all of them alike; a variant's time is the median
-over rounds of its step time over eager's in the same round. Then one untimed step each
+over rounds of its step time over eager's in the same round, printed beside the median of
+its steps' minor page faults (explorer.pagefaults). Then one untimed step each
 under `LiveBytesTracker` (on CPU the live-tensor meter, one thread; with --device cuda,
 the bytes requested of the caching allocator), plus the parameters, buffers and inputs: a
 whole-step peak, the quantity the planner predicts.
@@ -61,6 +62,7 @@ from explorer.backend import compile_call, wrap_with_schedule
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.models import Built, build
 from explorer.modelstate import grad_holders, kept, tensors_in
+from explorer.pagefaults import minor_faults
 from explorer.sweep import Front
 from explorer.units import format_bytes
 from explorer.verify import training_step
@@ -386,19 +388,23 @@ def warm_up(
 
 def time_rounds(
     variants: list[Variant], inputs: tuple, kwargs: dict, repeats: int, device: torch.device
-) -> dict[str, list[float]]:
-    """Step seconds of every variant in `repeats` rounds, after one untimed round; each round
-    runs each variant once, starting one further along each round."""
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Step seconds and minor page faults of every variant in `repeats` rounds, after one
+    untimed round; each round runs each variant once, starting one further along each round.
+    The faults are what glibc's handing back of freed memory costs (explorer.pagefaults)."""
     times: dict[str, list[float]] = {v.name: [] for v in variants}
+    faults: dict[str, list[int]] = {v.name: [] for v in variants}
     for variant in variants:  # one untimed round: the first steps after a compile run slow
         run_step(variant, inputs, kwargs)
     for r in range(repeats):
         shift = r % len(variants)
         for variant in variants[shift:] + variants[:shift]:
+            before = minor_faults() or 0
             seconds = time_step(lambda v=variant, r=r: run_step(v, inputs, kwargs, r), device)
+            faults[variant.name].append((minor_faults() or 0) - before)
             times[variant.name].append(seconds)
         print(f"  timed round {r + 1}/{repeats}", flush=True)
-    return times
+    return times, faults
 
 
 def peak(variant: Variant, inputs: tuple, kwargs: dict, device: torch.device) -> int:
@@ -420,7 +426,7 @@ def measure(
         [*built.model.parameters(), *built.model.buffers(), *tensors_in((inputs, kwargs))]
     )
     variants, failed = warm_up(variants, inputs, kwargs)
-    times = time_rounds(variants, inputs, kwargs, repeats, device)
+    times, faults = time_rounds(variants, inputs, kwargs, repeats, device)
     eager = times["eager"]
     rows = []
     for variant in variants:
@@ -438,6 +444,7 @@ def measure(
                 "step_seconds_all": times[variant.name],
                 "time_ratio": statistics.median(ratios),
                 "overhead": statistics.median(ratios) - 1,
+                "page_faults_per_step": statistics.median(faults[variant.name]),
                 "detail": variant.detail,
                 **extra,
             }
@@ -475,12 +482,12 @@ def print_measured(rows: list[dict], skipped: list[Skipped], fixed: int, repeats
     """The measured variants: peak, share of eager's activations, median time ratio."""
     eager = next(r for r in rows if r["name"] == "eager")
     print(f"\nmeasured (one meter; median step-time ratio over {repeats} interleaved rounds)")
-    print(f"{'variant':<30} {'peak':>11} {'activations':>12} {'overhead':>9}")
+    print(f"{'variant':<30} {'peak':>11} {'activations':>12} {'overhead':>9} {'faults':>8}")
     for row in rows:
         share = (row["peak_bytes"] - fixed) / max(eager["peak_bytes"] - fixed, 1)
         line = (
             f"{row['name']:<30} {format_bytes(row['peak_bytes']):>11} {share:>11.0%} "
-            f"{row['overhead']:>+9.1%}"
+            f"{row['overhead']:>+9.1%} {row['page_faults_per_step']:>8,.0f}"
         )
         if "predicted_peak_bytes" in row:
             line += (

@@ -78,6 +78,7 @@ from explorer.modelstate import (
     step_inputs_and_state,
     tensors_in,
 )
+from explorer.pagefaults import fault_note, minor_faults
 from explorer.progress import CancelToken, check_cancel
 from explorer.schedule import Schedule
 from explorer.timingrounds import TIMING_SECONDS_VARIABLE, another_round, timing_seconds
@@ -100,6 +101,10 @@ NOISY_SPREAD = 0.10
 LOWEST_ROUND, HIGHEST_ROUND = "overhead, lowest round", "overhead, highest round"
 FIRST_QUARTILE, THIRD_QUARTILE = "overhead, first quartile", "overhead, third quartile"
 TIMED_ROUNDS = "timed rounds"
+STEP_UNMODIFIED = "step seconds, unmodified model"
+# medians of the timed steps' minor page faults, on the CPU (explorer.pagefaults)
+FAULTS_UNMODIFIED = "page faults a step, unmodified model"
+FAULTS_SCHEDULE = "page faults a step, schedule"
 # the note on a failed row when the two steps, from one seed, left the generators in other
 # states (explorer.capture warns of it when planning)
 OTHER_DRAWS = (
@@ -148,9 +153,7 @@ class VerifyReport:
             )
         for name, value in self.measurements.items():
             lines.append(f"{name}: {_show(value)}")
-        noisy = timing_note(self.measurements)
-        if noisy is not None:
-            lines.append(noisy)
+        lines += timing_notes(self.measurements)
         lines.append("verdict: " + ("equal and within budget" if self.ok else "FAILED"))
         return "\n".join(lines)
 
@@ -169,6 +172,22 @@ def timing_note(measurements: dict[str, float]) -> str | None:
         f"the measured overhead says little; time again on an idle machine (or give "
         f"{TIMING_SECONDS_VARIABLE} more seconds)"
     )
+
+
+def faults_note(measurements: dict[str, float]) -> str | None:
+    """A line saying how much of the measured overhead the two steps' page faults make, when
+    it is a point or more (explorer.pagefaults); None for a report without fault counts."""
+    unmodified, schedule = measurements.get(FAULTS_UNMODIFIED), measurements.get(FAULTS_SCHEDULE)
+    if unmodified is None or schedule is None:
+        return None
+    return fault_note(unmodified, schedule, measurements[STEP_UNMODIFIED])
+
+
+def timing_notes(measurements: dict[str, float]) -> list[str]:
+    """What the table says under the measured overhead: that the timing is noisy, and what
+    page faults made of it, where either holds."""
+    notes = (timing_note(measurements), faults_note(measurements))
+    return [note for note in notes if note is not None]
 
 
 def _show(value: Any) -> str:
@@ -707,12 +726,16 @@ def _timings(
     """Median step times, interleaved so that drifts in machine load hit both alike, over
     as many rounds as fit in `seconds` (explorer.timingrounds), and the lowest and highest
     overhead of a round (the schedule's step over the unmodified one just before it): how
-    far to trust the medians' overhead."""
+    far to trust the medians' overhead. On the CPU, also each step's page faults."""
     dev = tensors_in(inputs)[0].device
+    counting = dev.type == "cpu" and minor_faults() is not None
     ref_times: list[float] = []
     new_times: list[float] = []
+    ref_faults: list[int] = []
+    new_faults: list[int] = []
     while another_round(ref_times, new_times, LEAST_ROUNDS, seconds):
-        for model, times in ((reference, ref_times), (wrapped, new_times)):
+        sides = ((reference, ref_times, ref_faults), (wrapped, new_times, new_faults))
+        for model, times, faults in sides:
             check_cancel(cancel)
             step_args, step_kwargs = _fresh_inputs(*inputs)
             if not held:  # start as the plan does: without gradients, unless it holds them
@@ -722,14 +745,24 @@ def _timings(
                 training_step(m, a, seed, k, loss=loss)
 
             with step_autocast(dev, autocast):
+                before = minor_faults() if counting else 0
                 times.append(time_step(step, dev))
+                faults.append(minor_faults() - before if counting else 0)
             values.restore()
     ref_s, new_s = statistics.median(ref_times), statistics.median(new_times)
     rounds = sorted(new / ref - 1 for new, ref in zip(new_times, ref_times, strict=True))
     quartiles = statistics.quantiles(rounds, n=4, method="inclusive")
+    counted = (
+        {
+            FAULTS_UNMODIFIED: round(statistics.median(ref_faults)),
+            FAULTS_SCHEDULE: round(statistics.median(new_faults)),
+        }
+        if counting
+        else {}
+    )
     return {
         "step seconds, schedule": new_s,
-        "step seconds, unmodified model": ref_s,
+        STEP_UNMODIFIED: ref_s,
         "overhead, measured": new_s / ref_s - 1,
         LOWEST_ROUND: rounds[0],
         HIGHEST_ROUND: rounds[-1],
@@ -737,6 +770,7 @@ def _timings(
         THIRD_QUARTILE: quartiles[2],
         TIMED_ROUNDS: len(rounds),
         "overhead, predicted": Schedule.from_dict(schedule).predicted_overhead,
+        **counted,
     }
 
 

@@ -58,7 +58,7 @@ def timing_lines(measurements: dict[str, float]) -> str:
         HIGHEST_ROUND,
         LOWEST_ROUND,
         THIRD_QUARTILE,
-        timing_note,
+        timing_notes,
     )
 
     measured = measurements.get("overhead, measured")
@@ -72,9 +72,7 @@ def timing_lines(measurements: dict[str, float]) -> str:
         f"step time: {measured:+.1%} measured (rounds {low:+.1%} to {high:+.1%}, middle half "
         f"{first:+.1%} to {third:+.1%}), {predicted:+.1%} predicted"
     ]
-    noisy = timing_note(measurements)
-    if noisy is not None:
-        lines.append(noisy)
+    lines += timing_notes(measurements)
     return "".join(f"<div class='remat-verify-timing'>{html.escape(line)}</div>" for line in lines)
 
 

@@ -1,0 +1,100 @@
+"""Page faults of a timed step on the CPU, and what one costs here.
+
+glibc, as it comes, hands large freed blocks back to the system, so a step faults fresh pages
+in again for what it allocates, and a schedule with a lower peak faults fewer of them than the
+unmodified step. The profile times operators in the no-recompute step, faults and all, so
+such a schedule then costs less than predicted: mobilenet_v2 b16 96 px at its lowest point,
+predicted +39.3%, measured +22.9%, where the unmodified step faulted 8,045 times a step and
+the schedule none (2.8 µs a fault on the machine of docs/BENCHMARKS.md). Told to keep its
+memory (`MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=8589934592`) glibc faults
+none in either, and predictions hold. `verify` counts the faults of both steps and says when
+their difference moves the measured overhead.
+
+How many faults a step takes is not modelled: it hangs on where glibc's heap was last
+trimmed, and moves from one step to the next (resnet50 b8 128 px's unmodified step, six steps
+in one process: 5,249 to 44,209 faults, 878 to 965 ms, about 2.2 µs a fault). So the note's
+figure, from the medians, is as rough as the measured overhead it speaks of.
+
+The counts are the process's minor faults (`getrusage`), so a thread of the process that
+faults during a step counts too; None where the system does not count them.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import time
+
+try:
+    import resource
+except ImportError:  # Windows: no getrusage
+    resource = None  # type: ignore[assignment]
+
+# what a reader of the table is told to set, glibc's names (docs/BENCHMARKS.md)
+KEEP_MEMORY = "MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=8589934592"
+# the least share of the unmodified step that the faults' difference must cost before the
+# table speaks of it: a point of overhead
+NOTABLE_SHARE = 0.01
+# fresh memory touched to time a fault: enough pages that the timer's resolution and the
+# loop's own cost (the second, faultless pass) are small beside them
+CALIBRATION_BYTES = 32 * 2**20
+# times it is touched, each afresh: the least cost counts, as a disturbed pass only adds
+# (one pass in ten read 4.4 to 14 µs a fault where the rest read 2.7 to 2.9 µs)
+CALIBRATION_PASSES = 3
+
+
+def minor_faults() -> int | None:
+    """Minor page faults of this process so far; None where the system does not count them."""
+    if resource is None:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+@functools.cache
+def seconds_per_fault() -> float | None:
+    """Seconds one minor fault costs on this machine: the least of CALIBRATION_PASSES
+    timings (`_one_fault`). Timed once a process; None where faults are not counted (or
+    none came)."""
+    if minor_faults() is None:
+        return None
+    timings = [_one_fault() for _ in range(CALIBRATION_PASSES)]
+    found = [seconds for seconds in timings if seconds is not None]
+    return min(found) if found else None
+
+
+def _one_fault() -> float | None:
+    """Fresh anonymous memory written once a page, less the same writes again once the pages
+    are in, over the faults counted."""
+    before = minor_faults()
+    page = mmap.PAGESIZE
+    with mmap.mmap(-1, CALIBRATION_BYTES) as memory:
+        started = time.perf_counter()
+        for offset in range(0, CALIBRATION_BYTES, page):
+            memory[offset] = 1
+        first = time.perf_counter() - started
+        faults = minor_faults() - before
+        started = time.perf_counter()
+        for offset in range(0, CALIBRATION_BYTES, page):
+            memory[offset] = 2
+        again = time.perf_counter() - started
+    return max(first - again, 0.0) / faults if faults > 0 else None
+
+
+def fault_note(unmodified: float, schedule: float, step_seconds: float) -> str | None:
+    """A line for verify's table when the schedule's step faults so much less (or more) than
+    the unmodified one that the difference moves the measured overhead by NOTABLE_SHARE or
+    more: the faults a step of each (medians), what the difference costs, and how to keep
+    the memory. None when it moves less, or faults cannot be timed here."""
+    each = seconds_per_fault()
+    if each is None or step_seconds <= 0:
+        return None
+    share = (schedule - unmodified) * each / step_seconds
+    if abs(share) < NOTABLE_SHARE:
+        return None
+    return (
+        f"page faults: the schedule's step faulted {schedule:,.0f} times, the unmodified "
+        f"step {unmodified:,.0f} (medians; at {each * 1e6:.1f} µs a fault, about "
+        f"{share * 100:+.1f} points of the measured overhead): the C allocator hands freed "
+        f"memory back to the system and faults it in again, less of it under a lower peak; "
+        f"predictions assume the memory is kept (glibc: {KEEP_MEMORY})"
+    )
