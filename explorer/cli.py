@@ -326,8 +326,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"{format_bytes(front.baseline_peak_bytes)}; "
         f"sweep took {time.perf_counter() - started:.1f} s; wrote {out / 'front.json'}"
     )
-    notes = (front.floor_note(), front.table_note(), front.nothing_lower(), front.unmodified_note())
-    for line in notes:
+    for line in (front.nothing_lower(), *front.notes()):
         if line:
             print(line)
     return 0

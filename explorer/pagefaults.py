@@ -7,8 +7,9 @@ such a schedule then costs less than predicted: mobilenet_v2 b16 96 px at its lo
 predicted +39.3%, measured +22.9%, where the unmodified step faulted 8,045 times a step and
 the schedule none (2.8 µs a fault on the machine of docs/BENCHMARKS.md). Told to keep its
 memory (`MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=8589934592`) glibc faults
-none in either, and predictions hold. `verify` counts the faults of both steps and says when
-their difference moves the measured overhead.
+none in either, and predictions hold. The profile counts the unmodified step's faults, and
+the front says when they cost 3% or more of it; `verify` counts the faults of both steps and
+says when their difference moves the measured overhead.
 
 How many faults a step takes is not modelled: it hangs on where glibc's heap was last
 trimmed, and moves from one step to the next (resnet50 b8 128 px's unmodified step, six steps
@@ -25,6 +26,8 @@ import functools
 import mmap
 import time
 
+from explorer.units import format_seconds
+
 try:
     import resource
 except ImportError:  # Windows: no getrusage
@@ -32,9 +35,12 @@ except ImportError:  # Windows: no getrusage
 
 # what a reader of the table is told to set, glibc's names (docs/BENCHMARKS.md)
 KEEP_MEMORY = "MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=8589934592"
-# the least share of the unmodified step that the faults' difference must cost before the
-# table speaks of it: a point of overhead
+# the least share of the unmodified step that the faults' difference must cost before
+# verify's table speaks of it: a point of overhead
 NOTABLE_SHARE = 0.01
+# the least share of the unmodified step that its own faults must cost before the front
+# speaks of them: what a schedule that faults none could gain, the issue's 3 points
+NOTABLE_FRONT_SHARE = 0.03
 # fresh memory touched to time a fault: enough pages that the timer's resolution and the
 # loop's own cost (the second, faultless pass) are small beside them
 CALIBRATION_BYTES = 32 * 2**20
@@ -97,4 +103,25 @@ def fault_note(unmodified: float, schedule: float, step_seconds: float) -> str |
         f"{share * 100:+.1f} points of the measured overhead): the C allocator hands freed "
         f"memory back to the system and faults it in again, less of it under a lower peak; "
         f"predictions assume the memory is kept (glibc: {KEEP_MEMORY})"
+    )
+
+
+def front_fault_note(faults: int, step_seconds: float) -> str | None:
+    """A line for the front when the unmodified step, timed while profiling, spent
+    NOTABLE_FRONT_SHARE or more of its time faulting pages in: every predicted overhead may
+    then be that much too high for a schedule that faults less. None below it, or where
+    faults cannot be timed here."""
+    each = seconds_per_fault()
+    if each is None or step_seconds <= 0:
+        return None
+    share = faults * each / step_seconds
+    if share < NOTABLE_FRONT_SHARE:
+        return None
+    return (
+        f"the unmodified step page-faulted {faults:,} times a step when profiled (about "
+        f"{share:.0%} of its {format_seconds(step_seconds)}, at {each * 1e6:.1f} µs a fault): "
+        f"the C allocator hands freed memory back to the system and faults it in again, less "
+        f"of it under a lower peak, so a schedule may cost up to that much less than "
+        f"predicted; predictions assume the memory is kept (glibc: {KEEP_MEMORY}), and "
+        f"verify counts both steps' faults"
     )

@@ -388,6 +388,7 @@ class Planner:
         setup["time_limit"] = time_limit  # the solver's, for a search of the front's budgets
         if self._profile and self._profile.device.startswith(PREDICTED):  # sweep --plan-for
             setup["plan_for"] = self._profile.device.removeprefix(PREDICTED)
+        times = self._profile.step_times if self._profile else None
         return Front(
             model=self.made_for(),
             fingerprint=solver.fingerprint,
@@ -399,6 +400,8 @@ class Planner:
             runtime_factor=solver.runtime_factor,
             peak_floor_bytes=solver.peak_floor(),
             unmodified_peak_bytes=self._unmodified_peak(),
+            unmodified_faults=times.eager_faults if times else None,
+            unmodified_step_seconds=times.eager_seconds if times else None,
             context=self,
         )
 

@@ -45,6 +45,7 @@ from explorer.eagerpeaks import START
 from explorer.errors import RematWarning, UserError
 from explorer.memory import time_step
 from explorer.modelstate import device_of, grad_holders, kept
+from explorer.pagefaults import minor_faults
 from explorer.progress import CancelToken, check_cancel
 from explorer.timingrounds import another_round, timing_seconds
 from explorer.verify import step_autocast, training_step
@@ -86,12 +87,15 @@ class StepTimes:
     without recomputation; `factor` is their median ratio over the rounds. `graph_seconds`:
     of the runtime's step, the seconds inside its compiled graphs' forwards and backwards,
     where recomputed operators run too (None: not measured, as on CUDA, whose kernels run
-    after the Python that queues them)."""
+    after the Python that queues them). `eager_faults`: the unmodified step's minor page
+    faults, the median over its timed steps, on the CPU (explorer.pagefaults; None: not
+    counted)."""
 
     eager_seconds: float
     runtime_seconds: float
     factor: float
     graph_seconds: float | None = None
+    eager_faults: int | None = None
 
 
 class _InsideGraphs:
@@ -166,6 +170,8 @@ def measure_step_times(
 
     eager: list[float] = []
     ours: list[float] = []
+    faults: list[int] = []  # of each timed unmodified step, on the CPU
+    counting = device.type == "cpu" and minor_faults() is not None
     with kept(model, (args, kwargs)), step_autocast(device, autocast), warnings.catch_warnings():
         # what a wrapped call warns of (a graph run more often than a plan counts) is the
         # planner's to say, not the timing's
@@ -174,7 +180,10 @@ def measure_step_times(
         time_step(runtime_step, device)
         while another_round(eager, ours, LEAST_ROUNDS, seconds):
             check_cancel(cancel)
+            before = minor_faults() if counting else 0
             eager.append(time_step(eager_step, device))
+            if counting:
+                faults.append(minor_faults() - before)
             ours.append(time_step(runtime_step, device))
     # the warm-up's compilation counts where the runtime was made elsewhere (the capture's,
     # which compiled the step already); a runtime made here compiles at its first step
@@ -187,4 +196,5 @@ def measure_step_times(
         runtime_seconds=statistics.median(ours),
         factor=statistics.median(ratios) if ratios else 1.0,
         graph_seconds=statistics.median(inside[1:]) if marking else None,  # after the warm-up
+        eager_faults=round(statistics.median(faults)) if faults else None,
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from explorer.errors import UserError
 from explorer.files import optional_bytes, read_json, write_atomic
+from explorer.pagefaults import front_fault_note
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
 from explorer.solve import LARGE_SWEEP_TOTAL, Solver
@@ -78,6 +79,10 @@ class Front:
     # the model's own step, run as it is, measured when profiling (explorer.unmodified; None:
     # not measured, as for a front planned for a device by name)
     unmodified_peak_bytes: int | None = None
+    # the unmodified step's page faults and seconds, as profiling timed it on the CPU
+    # (explorer.stepcost; None: not counted, as on CUDA or for a front planned by name)
+    unmodified_faults: int | None = None
+    unmodified_step_seconds: float | None = None
     context: object | None = field(default=None, repr=False)
 
     def at_budget(self, budget: int | str | float) -> Schedule:
@@ -121,6 +126,20 @@ class Front:
             f"peaks under {format_bytes(floor)}, so the lowest possible is at most "
             f"{above:.2%} below it"
         )
+
+    def notes(self) -> list[str]:
+        """What is said under the front, in words, where it holds: how far its least peak is
+        from the floor, that its points are the table's answers, points above the unmodified
+        model, and the unmodified step's page faults."""
+        found = (self.floor_note(), self.table_note(), self.unmodified_note(), self.faults_note())
+        return [note for note in found if note]
+
+    def faults_note(self) -> str | None:
+        """Where the unmodified step spent a notable share of its time faulting pages in when
+        profiled, in words (explorer.pagefaults); None otherwise or where not counted."""
+        if self.unmodified_faults is None or self.unmodified_step_seconds is None:
+            return None
+        return front_fault_note(self.unmodified_faults, self.unmodified_step_seconds)
 
     def unmodified_note(self) -> str | None:
         """Where points peak above the model run as it is (measured when profiling), in
@@ -189,6 +208,8 @@ class Front:
             "setup": self.setup,
             "peak_floor_bytes": self.peak_floor_bytes,
             "unmodified_peak_bytes": self.unmodified_peak_bytes,
+            "unmodified_page_faults": self.unmodified_faults,
+            "unmodified_step_seconds": self.unmodified_step_seconds,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -214,6 +235,8 @@ class Front:
                 runtime_factor=float(data["baseline"].get("runtime_factor", 1.0)),
                 peak_floor_bytes=optional_bytes(data.get("peak_floor_bytes")),
                 unmodified_peak_bytes=optional_bytes(data.get("unmodified_peak_bytes")),
+                unmodified_faults=optional_bytes(data.get("unmodified_page_faults")),  # a count
+                unmodified_step_seconds=_optional_seconds(data.get("unmodified_step_seconds")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc
@@ -222,6 +245,16 @@ class Front:
         if any(p.schedule.fingerprint != front.fingerprint for p in points):
             raise UserError(f"{path}: its schedules were made for another graph than the front")
         return front
+
+
+def _optional_seconds(value: object) -> float | None:
+    """A measured positive seconds field of front.json, or None (raises on a damaged one)."""
+    if value is None:
+        return None
+    seconds = float(value)  # type: ignore[arg-type]
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"seconds {value!r}")
+    return seconds
 
 
 def _point_from_dict(data: dict) -> FrontPoint:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from explorer.backend import RematModule
 from explorer.capture import capture
 from explorer.errors import UserError
 from explorer.graph import PLACEHOLDER
+from explorer.pagefaults import minor_faults
 from explorer.profile import StepProfile
 from explorer.schedule import Schedule
 from explorer.sweep import Front
@@ -103,12 +105,21 @@ def test_the_step_is_timed_unmodified_and_under_the_runtime(profiled, tmp_path):
     assert profile.runtime_factor == times.factor > 0
     # catches: the graphs' share of the runtime's step not timed, or timed around the step
     assert 0 < times.graph_seconds < times.runtime_seconds
+    # catches: the unmodified step's page faults not counted on the CPU (explorer.pagefaults)
+    assert minor_faults() is None or isinstance(times.eager_faults, int)
+    assert times.eager_faults is None or times.eager_faults >= 0
     again = StepProfile.load(profile.save(tmp_path / "profile.json"))
     assert again.step_times == times
     data = json.loads((tmp_path / "profile.json").read_text())
-    del data["step_times"]["graph_seconds"]  # from before it was measured
+    del data["step_times"]["graph_seconds"]  # from before they were measured
+    del data["step_times"]["eager_faults"]
     (tmp_path / "older.json").write_text(json.dumps(data))
-    assert StepProfile.load(tmp_path / "older.json").step_times.graph_seconds is None
+    older = StepProfile.load(tmp_path / "older.json").step_times
+    assert older.graph_seconds is None and older.eager_faults is None
+    data["step_times"] = {**asdict(times), "eager_faults": -3}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="not a valid profile"):
+        StepProfile.load(tmp_path / "bad.json")
     data["step_times"] = None  # a profile.json from before: overheads against the graph's
     (tmp_path / "old.json").write_text(json.dumps(data))
     assert StepProfile.load(tmp_path / "old.json").runtime_factor == 1.0

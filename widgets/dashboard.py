@@ -204,8 +204,7 @@ class Dashboard(ipw.VBox):
         self.budget.keep_only(keep)
         note = f"; peers not measured: {', '.join(not_measured)}" if not_measured else ""
         pick = front.nothing_lower() or "move the budget slider to pick one"
-        found = (front.floor_note(), front.table_note(), front.unmodified_note())
-        notes = "".join(f"; {n}" for n in found if n)
+        notes = "".join(f"; {n}" for n in front.notes())
         count = len(front.points)
         self.status.ok(
             f"swept {count} Pareto point{'s' if count != 1 else ''} in {seconds:.1f} s; "
