@@ -62,7 +62,7 @@ from explorer.backend import compile_call, wrap_with_schedule
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.models import Built, build
 from explorer.modelstate import grad_holders, kept, tensors_in
-from explorer.pagefaults import minor_faults
+from explorer.pagefaults import faults_of
 from explorer.sweep import Front
 from explorer.units import format_bytes
 from explorer.verify import training_step
@@ -399,9 +399,10 @@ def time_rounds(
     for r in range(repeats):
         shift = r % len(variants)
         for variant in variants[shift:] + variants[:shift]:
-            before = minor_faults() or 0
-            seconds = time_step(lambda v=variant, r=r: run_step(v, inputs, kwargs, r), device)
-            faults[variant.name].append((minor_faults() or 0) - before)
+            seconds, faulted = faults_of(
+                lambda v=variant, r=r: time_step(lambda: run_step(v, inputs, kwargs, r), device)
+            )
+            faults[variant.name].append(faulted or 0)
             times[variant.name].append(seconds)
         print(f"  timed round {r + 1}/{repeats}", flush=True)
     return times, faults

@@ -159,6 +159,18 @@ def optional_bytes(value: object) -> int | None:
     return value
 
 
+def optional_seconds(value: object) -> float | None:
+    """Measured seconds read from a JSON file that may be absent or null (written by an
+    older version: None); raises ValueError (TypeError for a value that is no number) on
+    anything but a finite number > 0."""
+    if value is None:
+        return None
+    seconds = float(value)  # type: ignore[arg-type]
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{value!r} is not a number of seconds")
+    return seconds
+
+
 class _NotFinite(ValueError):
     pass
 

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import functools
 import mmap
+import statistics
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from explorer.units import format_seconds
 
@@ -54,6 +57,25 @@ def minor_faults() -> int | None:
     if resource is None:
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+_Result = TypeVar("_Result")
+
+
+def faults_of(call: Callable[[], _Result]) -> tuple[_Result, int | None]:
+    """What `call()` returns, and the minor faults the process took during it (None where
+    the system does not count them): wrapped around a timed step, outside its clock."""
+    before = minor_faults()
+    result = call()
+    after = minor_faults()
+    return result, None if before is None or after is None else after - before
+
+
+def median_faults(counts: list[int | None]) -> int | None:
+    """The median of some steps' fault counts, whole; None where any was not counted."""
+    if not counts or None in counts:
+        return None
+    return round(statistics.median(counts))  # type: ignore[type-var]
 
 
 @functools.cache
@@ -91,12 +113,10 @@ def fault_note(unmodified: float, schedule: float, step_seconds: float) -> str |
     the unmodified one that the difference moves the measured overhead by NOTABLE_SHARE or
     more: the faults a step of each (medians), what the difference costs, and how to keep
     the memory. None when it moves less, or faults cannot be timed here."""
-    each = seconds_per_fault()
-    if each is None or step_seconds <= 0:
+    priced = _share_of_step(schedule - unmodified, step_seconds)
+    if priced is None or abs(priced[0]) < NOTABLE_SHARE:
         return None
-    share = (schedule - unmodified) * each / step_seconds
-    if abs(share) < NOTABLE_SHARE:
-        return None
+    share, each = priced
     return (
         f"page faults: the schedule's step faulted {schedule:,.0f} times, the unmodified "
         f"step {unmodified:,.0f} (medians; at {each * 1e6:.1f} µs a fault, about "
@@ -111,12 +131,10 @@ def front_fault_note(faults: int, step_seconds: float) -> str | None:
     NOTABLE_FRONT_SHARE or more of its time faulting pages in: every predicted overhead may
     then be that much too high for a schedule that faults less. None below it, or where
     faults cannot be timed here."""
-    each = seconds_per_fault()
-    if each is None or step_seconds <= 0:
+    priced = _share_of_step(faults, step_seconds)
+    if priced is None or priced[0] < NOTABLE_FRONT_SHARE:
         return None
-    share = faults * each / step_seconds
-    if share < NOTABLE_FRONT_SHARE:
-        return None
+    share, each = priced
     return (
         f"the unmodified step page-faulted {faults:,} times a step when profiled (about "
         f"{share:.0%} of its {format_seconds(step_seconds)}, at {each * 1e6:.1f} µs a fault): "
@@ -125,3 +143,12 @@ def front_fault_note(faults: int, step_seconds: float) -> str | None:
         f"predicted; predictions assume the memory is kept (glibc: {KEEP_MEMORY}), and "
         f"verify counts both steps' faults"
     )
+
+
+def _share_of_step(faults: float, step_seconds: float) -> tuple[float, float] | None:
+    """What `faults` cost as a share of a step of `step_seconds`, and a fault's seconds here;
+    None where faults cannot be timed, or the step took no time."""
+    each = seconds_per_fault()
+    if each is None or step_seconds <= 0:
+        return None
+    return faults * each / step_seconds, each

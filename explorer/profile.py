@@ -193,20 +193,18 @@ class StepProfile:
 
 def _step_times(data: dict | None) -> StepTimes | None:
     """The measured step times of a profile.json (raises on a damaged entry)."""
-    from explorer.files import optional_bytes
+    from explorer.files import optional_bytes, optional_seconds
 
     if data is None:
         return None
-    inside = data.get("graph_seconds")  # these two absent in older files
     times = StepTimes(
         float(data["eager_seconds"]),
         float(data["runtime_seconds"]),
         float(data["factor"]),
-        None if inside is None else float(inside),
+        optional_seconds(data.get("graph_seconds")),  # these two absent in older files
         optional_bytes(data.get("eager_faults")),  # a whole number >= 0, as bytes are
     )
-    seconds = [times.eager_seconds, times.runtime_seconds, times.factor, times.graph_seconds]
-    measured = [t for t in seconds if t is not None]
+    measured = [times.eager_seconds, times.runtime_seconds, times.factor]
     if not all(math.isfinite(t) and t > 0 for t in measured):
         raise ValueError(f"step times {data!r}")
     return times

@@ -45,7 +45,7 @@ from explorer.eagerpeaks import START
 from explorer.errors import RematWarning, UserError
 from explorer.memory import time_step
 from explorer.modelstate import device_of, grad_holders, kept
-from explorer.pagefaults import minor_faults
+from explorer.pagefaults import faults_of, median_faults
 from explorer.progress import CancelToken, check_cancel
 from explorer.timingrounds import another_round, timing_seconds
 from explorer.verify import step_autocast, training_step
@@ -170,8 +170,7 @@ def measure_step_times(
 
     eager: list[float] = []
     ours: list[float] = []
-    faults: list[int] = []  # of each timed unmodified step, on the CPU
-    counting = device.type == "cpu" and minor_faults() is not None
+    faults: list[int | None] = []  # of each timed unmodified step
     with kept(model, (args, kwargs)), step_autocast(device, autocast), warnings.catch_warnings():
         # what a wrapped call warns of (a graph run more often than a plan counts) is the
         # planner's to say, not the timing's
@@ -180,10 +179,9 @@ def measure_step_times(
         time_step(runtime_step, device)
         while another_round(eager, ours, LEAST_ROUNDS, seconds):
             check_cancel(cancel)
-            before = minor_faults() if counting else 0
-            eager.append(time_step(eager_step, device))
-            if counting:
-                faults.append(minor_faults() - before)
+            taken, faulted = faults_of(lambda: time_step(eager_step, device))
+            eager.append(taken)
+            faults.append(faulted)
             ours.append(time_step(runtime_step, device))
     # the warm-up's compilation counts where the runtime was made elsewhere (the capture's,
     # which compiled the step already); a runtime made here compiles at its first step
@@ -196,5 +194,5 @@ def measure_step_times(
         runtime_seconds=statistics.median(ours),
         factor=statistics.median(ratios) if ratios else 1.0,
         graph_seconds=statistics.median(inside[1:]) if marking else None,  # after the warm-up
-        eager_faults=round(statistics.median(faults)) if faults else None,
+        eager_faults=median_faults(faults) if device.type == "cpu" else None,
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from explorer.errors import UserError
-from explorer.files import optional_bytes, read_json, write_atomic
+from explorer.files import optional_bytes, optional_seconds, read_json, write_atomic
 from explorer.pagefaults import front_fault_note
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
@@ -236,7 +236,7 @@ class Front:
                 peak_floor_bytes=optional_bytes(data.get("peak_floor_bytes")),
                 unmodified_peak_bytes=optional_bytes(data.get("unmodified_peak_bytes")),
                 unmodified_faults=optional_bytes(data.get("unmodified_page_faults")),  # a count
-                unmodified_step_seconds=_optional_seconds(data.get("unmodified_step_seconds")),
+                unmodified_step_seconds=optional_seconds(data.get("unmodified_step_seconds")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc
@@ -245,16 +245,6 @@ class Front:
         if any(p.schedule.fingerprint != front.fingerprint for p in points):
             raise UserError(f"{path}: its schedules were made for another graph than the front")
         return front
-
-
-def _optional_seconds(value: object) -> float | None:
-    """A measured positive seconds field of front.json, or None (raises on a damaged one)."""
-    if value is None:
-        return None
-    seconds = float(value)  # type: ignore[arg-type]
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"seconds {value!r}")
-    return seconds
 
 
 def _point_from_dict(data: dict) -> FrontPoint:

@@ -78,7 +78,7 @@ from explorer.modelstate import (
     step_inputs_and_state,
     tensors_in,
 )
-from explorer.pagefaults import fault_note, minor_faults
+from explorer.pagefaults import fault_note, faults_of, median_faults
 from explorer.progress import CancelToken, check_cancel
 from explorer.schedule import Schedule
 from explorer.timingrounds import TIMING_SECONDS_VARIABLE, another_round, timing_seconds
@@ -728,11 +728,10 @@ def _timings(
     overhead of a round (the schedule's step over the unmodified one just before it): how
     far to trust the medians' overhead. On the CPU, also each step's page faults."""
     dev = tensors_in(inputs)[0].device
-    counting = dev.type == "cpu" and minor_faults() is not None
     ref_times: list[float] = []
     new_times: list[float] = []
-    ref_faults: list[int] = []
-    new_faults: list[int] = []
+    ref_faults: list[int | None] = []
+    new_faults: list[int | None] = []
     while another_round(ref_times, new_times, LEAST_ROUNDS, seconds):
         sides = ((reference, ref_times, ref_faults), (wrapped, new_times, new_faults))
         for model, times, faults in sides:
@@ -745,19 +744,17 @@ def _timings(
                 training_step(m, a, seed, k, loss=loss)
 
             with step_autocast(dev, autocast):
-                before = minor_faults() if counting else 0
-                times.append(time_step(step, dev))
-                faults.append(minor_faults() - before if counting else 0)
+                taken, faulted = faults_of(lambda s=step: time_step(s, dev))
+            times.append(taken)
+            faults.append(faulted)
             values.restore()
     ref_s, new_s = statistics.median(ref_times), statistics.median(new_times)
     rounds = sorted(new / ref - 1 for new, ref in zip(new_times, ref_times, strict=True))
     quartiles = statistics.quantiles(rounds, n=4, method="inclusive")
+    ref_count, new_count = median_faults(ref_faults), median_faults(new_faults)
     counted = (
-        {
-            FAULTS_UNMODIFIED: round(statistics.median(ref_faults)),
-            FAULTS_SCHEDULE: round(statistics.median(new_faults)),
-        }
-        if counting
+        {FAULTS_UNMODIFIED: ref_count, FAULTS_SCHEDULE: new_count}
+        if dev.type == "cpu" and ref_count is not None and new_count is not None
         else {}
     )
     return {

@@ -207,7 +207,7 @@ def test_the_table_says_how_much_of_the_overhead_the_page_faults_make(tmp_path, 
         return 1.0
 
     monkeypatch.setattr(verify_module, "time_step", scripted)
-    monkeypatch.setattr(verify_module, "minor_faults", lambda: faults[0])
+    monkeypatch.setattr(pagefaults, "minor_faults", lambda: faults[0])
     monkeypatch.setattr(pagefaults, "seconds_per_fault", lambda: 2.5e-6)
     plan = planner("sample:tiny_mlp", 4, None)
     path = plan.baseline().export(tmp_path / "mlp.py")
