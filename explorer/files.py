@@ -149,13 +149,14 @@ def read_json(path: Path, *, what: str) -> dict:
     return data
 
 
-def optional_bytes(value: object) -> int | None:
-    """A count of bytes read from a JSON file that may be absent or null (written by an
-    older version: None); raises ValueError on anything but a whole number >= 0."""
+def optional_count(value: object, unit: str = "bytes") -> int | None:
+    """A count (of bytes, or of `unit`) read from a JSON file that may be absent or null
+    (written by an older version: None); raises ValueError on anything but a whole number
+    >= 0, naming what it should have counted."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{value!r} is not a count of bytes")
+        raise ValueError(f"{value!r} is not a count of {unit}")
     return value
 
 

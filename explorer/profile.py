@@ -152,7 +152,7 @@ class StepProfile:
         cls, path: str | Path, *, fingerprint: str | None = None, device: str | None = None
     ) -> StepProfile:
         """Read a profile.json; refuse one made for other graphs or another device."""
-        from explorer.files import optional_bytes, read_json
+        from explorer.files import optional_count, read_json
 
         data = read_json(Path(path), what="profile")
         if data.get("schema") != SCHEMA:
@@ -167,7 +167,7 @@ class StepProfile:
                 step_times=_step_times(data.get("step_times")),
                 loss=None if data.get("loss") is None else str(data["loss"]),
                 gradients_held=bool(data.get("gradients_held", False)),
-                unmodified_peak_bytes=optional_bytes(data.get("unmodified_peak_bytes")),
+                unmodified_peak_bytes=optional_count(data.get("unmodified_peak_bytes")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: not a valid profile ({type(exc).__name__}: {exc})") from exc
@@ -193,7 +193,7 @@ class StepProfile:
 
 def _step_times(data: dict | None) -> StepTimes | None:
     """The measured step times of a profile.json (raises on a damaged entry)."""
-    from explorer.files import optional_bytes, optional_seconds
+    from explorer.files import optional_count, optional_seconds
 
     if data is None:
         return None
@@ -202,7 +202,7 @@ def _step_times(data: dict | None) -> StepTimes | None:
         float(data["runtime_seconds"]),
         float(data["factor"]),
         optional_seconds(data.get("graph_seconds")),  # these two absent in older files
-        optional_bytes(data.get("eager_faults")),  # a whole number >= 0, as bytes are
+        optional_count(data.get("eager_faults"), "page faults"),
     )
     measured = [times.eager_seconds, times.runtime_seconds, times.factor]
     if not all(math.isfinite(t) and t > 0 for t in measured):

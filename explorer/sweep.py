@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from explorer.errors import UserError
-from explorer.files import optional_bytes, optional_seconds, read_json, write_atomic
+from explorer.files import optional_count, optional_seconds, read_json, write_atomic
 from explorer.pagefaults import front_fault_note
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
@@ -233,9 +233,9 @@ class Front:
                 points=points,
                 setup=dict(data.get("setup", {})),
                 runtime_factor=float(data["baseline"].get("runtime_factor", 1.0)),
-                peak_floor_bytes=optional_bytes(data.get("peak_floor_bytes")),
-                unmodified_peak_bytes=optional_bytes(data.get("unmodified_peak_bytes")),
-                unmodified_faults=optional_bytes(data.get("unmodified_page_faults")),  # a count
+                peak_floor_bytes=optional_count(data.get("peak_floor_bytes")),
+                unmodified_peak_bytes=optional_count(data.get("unmodified_peak_bytes")),
+                unmodified_faults=optional_count(data.get("unmodified_page_faults"), "page faults"),
                 unmodified_step_seconds=optional_seconds(data.get("unmodified_step_seconds")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:

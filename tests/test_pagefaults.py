@@ -112,7 +112,10 @@ def test_the_front_carries_the_profile_s_faults_and_its_file_keeps_them(
     (tmp_path / "older.json").write_text(json.dumps(data))
     older = Front.load(tmp_path / "older.json")
     assert older.unmodified_faults is None and older.faults_note() is None
-    for key, bad in (("unmodified_page_faults", -1), ("unmodified_step_seconds", 0)):
+    for key, bad, says in (
+        ("unmodified_page_faults", -1, "-1 is not a count of page faults"),
+        ("unmodified_step_seconds", 0, "0 is not a number of seconds"),
+    ):
         (tmp_path / "bad.json").write_text(json.dumps({**data, key: bad}))
-        with pytest.raises(UserError, match="corrupt front file"):
+        with pytest.raises(UserError, match=f"corrupt front file .*{says}"):
             Front.load(tmp_path / "bad.json")
