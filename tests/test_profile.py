@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -187,6 +187,23 @@ def test_predicted_overheads_are_against_the_unmodified_step(profiled, tmp_path)
     report = explorer.verify(path, model=plan.model, example_inputs=plan.example_inputs)
     predicted = report.measurements["overhead, predicted"]
     assert predicted == pytest.approx(front.points[0].predicted_overhead, rel=1e-9)
+
+
+def test_the_front_says_what_the_runtime_costs_with_nothing_recomputed(profiled, tmp_path):
+    # catches: a front whose no-recompute point reads +6.9% (efficientnet_b0 b4 64 px) with
+    # no word of why, or a word on every front (the factor is 3% or more off 1 to be told)
+    plan, _ = profiled
+    plan.solver(name="table")
+    front = plan.sweep(points=2)
+    slower = replace(front, runtime_factor=1.069)
+    assert slower.runtime_note() in slower.notes()
+    assert "timed at +6.9% against the unmodified model's" in slower.runtime_note()
+    assert "every point's overhead includes it" in slower.runtime_note()
+    again = Front.load(slower.save(tmp_path / "front.json"))
+    assert again.runtime_note() == slower.runtime_note()
+    assert "timed at -4.0%" in replace(front, runtime_factor=0.96).runtime_note()
+    for within in (1.0, 1.029, 0.971):
+        assert replace(front, runtime_factor=within).runtime_note() is None
 
 
 def test_a_plan_with_the_no_recompute_seconds_costs_exactly_the_runtime_share():
