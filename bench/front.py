@@ -62,7 +62,7 @@ from explorer.backend import compile_call, wrap_with_schedule
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
 from explorer.models import Built, build
 from explorer.modelstate import grad_holders, kept, tensors_in
-from explorer.pagefaults import faults_of
+from explorer.pagefaults import faults_of, median_faults
 from explorer.sweep import Front
 from explorer.units import format_bytes
 from explorer.verify import training_step
@@ -388,12 +388,12 @@ def warm_up(
 
 def time_rounds(
     variants: list[Variant], inputs: tuple, kwargs: dict, repeats: int, device: torch.device
-) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+) -> tuple[dict[str, list[float]], dict[str, list[int | None]]]:
     """Step seconds and minor page faults of every variant in `repeats` rounds, after one
     untimed round; each round runs each variant once, starting one further along each round.
     The faults are what glibc's handing back of freed memory costs (explorer.pagefaults)."""
     times: dict[str, list[float]] = {v.name: [] for v in variants}
-    faults: dict[str, list[int]] = {v.name: [] for v in variants}
+    faults: dict[str, list[int | None]] = {v.name: [] for v in variants}
     for variant in variants:  # one untimed round: the first steps after a compile run slow
         run_step(variant, inputs, kwargs)
     for r in range(repeats):
@@ -402,7 +402,7 @@ def time_rounds(
             seconds, faulted = faults_of(
                 lambda v=variant, r=r: time_step(lambda: run_step(v, inputs, kwargs, r), device)
             )
-            faults[variant.name].append(faulted or 0)
+            faults[variant.name].append(faulted)
             times[variant.name].append(seconds)
         print(f"  timed round {r + 1}/{repeats}", flush=True)
     return times, faults
@@ -445,7 +445,7 @@ def measure(
                 "step_seconds_all": times[variant.name],
                 "time_ratio": statistics.median(ratios),
                 "overhead": statistics.median(ratios) - 1,
-                "page_faults_per_step": statistics.median(faults[variant.name]),
+                "page_faults_per_step": median_faults(faults[variant.name]),  # None: not counted
                 "detail": variant.detail,
                 **extra,
             }
@@ -488,7 +488,7 @@ def print_measured(rows: list[dict], skipped: list[Skipped], fixed: int, repeats
         share = (row["peak_bytes"] - fixed) / max(eager["peak_bytes"] - fixed, 1)
         line = (
             f"{row['name']:<30} {format_bytes(row['peak_bytes']):>11} {share:>11.0%} "
-            f"{row['overhead']:>+9.1%} {row['page_faults_per_step']:>8,.0f}"
+            f"{row['overhead']:>+9.1%} {_count(row['page_faults_per_step']):>8}"
         )
         if "predicted_peak_bytes" in row:
             line += (
@@ -498,6 +498,11 @@ def print_measured(rows: list[dict], skipped: list[Skipped], fixed: int, repeats
         print(line)
     for s in skipped:
         print(f"{s.name:<30} skipped: {s.detail}")
+
+
+def _count(faults: int | None) -> str:
+    """A step's page faults for the table: "-" where the system does not count them."""
+    return "-" if faults is None else f"{faults:,}"
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from explorer.capture import CapturedGraph
 from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import RematWarning, UserError
 from explorer.execute import op_table, store
+from explorer.files import optional_count, optional_seconds, read_json, write_atomic
 from explorer.fxgraph import is_tangent
 from explorer.graph import Graph
 from explorer.memory import requested_bytes
@@ -143,8 +144,6 @@ class StepProfile:
         }
 
     def save(self, path: str | Path) -> Path:
-        from explorer.files import write_atomic
-
         return write_atomic(Path(path), json.dumps(self.to_dict()))
 
     @classmethod
@@ -152,8 +151,6 @@ class StepProfile:
         cls, path: str | Path, *, fingerprint: str | None = None, device: str | None = None
     ) -> StepProfile:
         """Read a profile.json; refuse one made for other graphs or another device."""
-        from explorer.files import optional_count, read_json
-
         data = read_json(Path(path), what="profile")
         if data.get("schema") != SCHEMA:
             raise UserError(f"{path}: profile schema {data.get('schema')!r} is not {SCHEMA}")
@@ -193,8 +190,6 @@ class StepProfile:
 
 def _step_times(data: dict | None) -> StepTimes | None:
     """The measured step times of a profile.json (raises on a damaged entry)."""
-    from explorer.files import optional_count, optional_seconds
-
     if data is None:
         return None
     times = StepTimes(
