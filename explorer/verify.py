@@ -27,6 +27,14 @@ of the outputs). Every row of the report is a check that can fail:
   eager in the fourth digit and a wrong one by far more. On CUDA both steps run with
   deterministic kernels (`torch.use_deterministic_algorithms`, cuDNN deterministic), so that
   run-to-run noise (cuDNN's atomic weight gradients) does not enter the comparison;
+- where a row is not bitwise equal, the schedule's step against the same step under the
+  runtime with nothing recomputed (its schedule's graphs left out, so every graph runs its
+  no-recompute plan), from the same state and seed: bitwise equal (on CUDA, within the
+  tolerance above: not every kernel has a deterministic version), or the row fails. Both run
+  the same captured graphs with the same kernels, and recomputing runs an operator again on
+  the same inputs, so a difference there is the schedule's; where this row holds, the rows
+  above differ by the compiled graphs' arithmetic, as `torch.compile` with `aot_eager` does
+  (transformers' Llama on the CPU: gradients 7.6e-6 apart under either);
 - where such a row fails and the two steps, from one seed, left the random generators in
   other states, its note says so: torch.compile leaves out a random operator whose result
   nothing uses (a dropout of an output the model does not return), so every later dropout
@@ -60,7 +68,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from explorer.backend import EXACT, RematError, module_inside, wrap_with_schedule
-from explorer.errors import UserError, first_line
+from explorer.errors import RematWarning, UserError, first_line
 from explorer.export import read_module
 from explorer.losses import NAMED
 from explorer.memory import LiveBytesTracker, tensor_bytes, time_step
@@ -88,6 +96,9 @@ RTOL = 1e-5
 ATOL_SCALE = 1e-5
 FLOAT64_MULTIPLIER = 2.0  # PyTorch's accuracy checks of compiled models allow the same
 PEAK_TOLERANCE = 0.03
+BITWISE = "bitwise equal"
+# the check of the schedule's step against the runtime's with nothing recomputed
+RECOMPUTATION = "against nothing recomputed"
 WRITTEN = "inputs written in place"  # the check of what a forward wrote into its inputs
 # and into the parameters (nn.Embedding(max_norm=...) renormalizes the rows it looks up)
 PARAMETERS_WRITTEN = "parameters written in place"
@@ -344,7 +355,7 @@ def compare(
     if failures:
         measured = "NOT equal"
     elif bitwise:
-        measured = "bitwise equal"
+        measured = BITWISE
     else:
         measured = f"max |diff| {worst:.2e}"
     note = f"{len(pairs)} tensors"
@@ -411,6 +422,7 @@ def verify(
     autocast = autocast or recorded_autocast(made_for)
     candidate = copy_model(reference)
     exact_model = copy_model(reference)  # for the float64 run (autocast leaves float64 alone)
+    plain_model = copy_model(reference)  # for the step with nothing recomputed
     try:
         wrapped = wrap_with_schedule(candidate, made_for, schedule)
     except RematError as exc:
@@ -479,6 +491,21 @@ def verify(
         )
     checks = {name: pairs for name, pairs in checks.items() if pairs or name == "outputs"}
     rows = {name: compare(name, pairs, precision=autocast) for name, pairs in checks.items()}
+    recomputation = None
+    if any(row.measured != BITWISE for row in rows.values()):
+        try:
+            plain = _step_without_recomputation(
+                plain_model, made_for, schedule, (args, kwargs), values, seed, autocast, path,
+                loss, held, needs_grad,
+            )  # fmt: skip
+            recomputation = _recomputation_row(checks, plain, dev)
+            del plain
+        except (RuntimeError, TypeError) as exc:  # out of memory, as the float64 step may be
+            note = f"the step with nothing recomputed could not run ({first_line(exc)})"
+            recomputation = VerifyRow(RECOMPUTATION, "not run", BITWISE, False, note)
+        finally:
+            values.restore()
+    del plain_model  # and its step's tensors: a GPU's peaks are measured after
     if not all(r.ok for r in rows.values()):
         exact, failure = {}, ""
         try:
@@ -500,7 +527,8 @@ def verify(
                 row.note += f"; {OTHER_DRAWS}"
     del exact_model
 
-    report = VerifyReport(str(path), [_plan_row(wrapped), *rows.values()])
+    checked = [*rows.values(), *([recomputation] if recomputation else [])]
+    report = VerifyReport(str(path), [_plan_row(wrapped), *checked])
     ref_peak, new_peak = ref_meter.peak_bytes, new_meter.peak_bytes
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
@@ -631,14 +659,88 @@ def _float64_step(
     finally:
         torch.set_default_dtype(default)
     inputs = tensors_in((args64, kwargs64))
+    return _step_tensors(model, out, inputs, needs_grad, [t.detach() for t in inputs])
+
+
+def _step_tensors(
+    model: nn.Module,
+    outputs: list,
+    inputs: list[torch.Tensor],
+    needs_grad: list[int],
+    written: list[torch.Tensor],
+) -> dict[str, list]:
+    """What a step left, by check name: its outputs, gradients, buffers, and the inputs and
+    parameters as it left them."""
     return {
-        "outputs": out,
+        "outputs": list(outputs),
         "parameter gradients": [p.grad for p in model.parameters()],
         "input gradients": [inputs[k].grad for k in needs_grad],
         "buffers (BatchNorm statistics)": list(model.buffers()),
-        WRITTEN: [t.detach() for t in inputs],
+        WRITTEN: written,
         PARAMETERS_WRITTEN: [p.detach() for p in model.parameters()],
     }
+
+
+def _step_without_recomputation(
+    model: nn.Module,
+    made_for: dict,
+    schedule: dict,
+    inputs: tuple[tuple, dict],
+    values: InputValues,
+    seed: int,
+    autocast: torch.dtype | None,
+    path: Path,
+    loss: Callable[[Any], torch.Tensor] | None,
+    held: bool,
+    needs_grad: list[int],
+) -> dict[str, list]:
+    """The compared step of `model` (a copy of the unmodified model as the steps started)
+    under the runtime with nothing recomputed: the schedule's graphs left out, so that each
+    graph runs its no-recompute plan (explorer.backend), with its first steps where the
+    gradients are held. By check name, as `_step_tensors`."""
+    plain = wrap_with_schedule(model, made_for, {**schedule, "graphs": []})
+    dev = tensors_in(inputs)[0].device
+    with warnings.catch_warnings():
+        # no plan was made for its graphs, which is the point: not the user's concern
+        warnings.simplefilter("ignore", RematWarning)
+        if held:
+            _first_steps([plain], inputs, values, seed, autocast, path, schedule, loss)
+        step_args, step_kwargs = _fresh_inputs(*inputs)
+        with _deterministic(dev), step_autocast(dev, autocast), _explained(path, schedule):
+            out = training_step(plain, step_args, seed, step_kwargs, loss=loss)
+    step_inputs = tensors_in((step_args, step_kwargs))
+    written = _written(values, (step_args, step_kwargs))
+    unwritten = [t.detach().clone() for t in tensors_in(inputs)]
+    return _step_tensors(model, out, step_inputs, needs_grad, written or unwritten)
+
+
+def _recomputation_row(
+    checks: dict[str, list], plain: dict[str, list], device: torch.device
+) -> VerifyRow:
+    """The schedule's tensors of every check against the no-recompute step's: bitwise on the
+    CPU, whose kernels are deterministic. CUDA's are not all, even with deterministic
+    algorithms asked for (an operator without such a kernel only warns: an upsampling's
+    backward adds with atomics), so there a tensor may also pass within `compare`'s
+    tolerance, and the row says by how much it differs."""
+    compared = {
+        name: compare(name, _paired(plain[name], [got for _, got in pairs]))
+        for name, pairs in checks.items()
+    }
+    strict = device.type != "cuda"
+    failed = [name for name, row in compared.items() if not row.ok]
+    close = [name for name, row in compared.items() if row.ok and row.measured != BITWISE]
+    differing = failed + close if strict else failed
+    if differing:
+        changed = "recomputation changed " + ", ".join(differing)
+        return VerifyRow(RECOMPUTATION, "differs", BITWISE, False, changed)
+    if close:
+        note = (
+            f"within tolerance in {', '.join(close)}: CUDA kernels without a deterministic "
+            "version may differ from run to run"
+        )
+        return VerifyRow(RECOMPUTATION, "close", BITWISE, True, note)
+    note = "the same compiled graphs, nothing recomputed: recomputation changes no bit"
+    return VerifyRow(RECOMPUTATION, BITWISE, BITWISE, True, note)
 
 
 def _cuda_peaks(

@@ -11,11 +11,12 @@ from helpers import planner
 from torch import nn
 
 import explorer
-from explorer import pagefaults
+from explorer import pagefaults, partition
 from explorer.errors import UserError
 from explorer.models import build
 from explorer.timingrounds import TIMING_SECONDS_VARIABLE
-from explorer.verify import _peak_row, compare, training_step
+from explorer.verify import BITWISE, RECOMPUTATION, _peak_row, compare, training_step
+from sample_models.tiny import cnn
 from widgets.verify import timing_lines
 
 verify_module = sys.modules["explorer.verify"]  # `explorer.verify` is the function
@@ -109,6 +110,95 @@ def test_verify_measures_other_arithmetic_against_a_float64_step(tmp_path, shift
     else:
         assert report.ok, report.format_table()
         assert "no further from float64" in rows["parameter gradients"].note
+
+
+class _CnnOtherKernels(nn.Module):
+    """sample:tiny_cnn behind _OtherKernels' rounding of its input: the compiled step's
+    arithmetic differs from eager's, as on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cnn = cnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the float64 step rounds nothing: the exact answer
+            rounded = torch.float16 if torch.compiler.is_compiling() else torch.bfloat16
+            x = x.to(rounded).to(x.dtype)
+        return self.cnn(x)
+
+
+def _nudged_relu(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x).mul_(1 + 2**-20)  # in place: the planned bytes
+
+
+@pytest.mark.parametrize("nudged", [False, True])
+def test_recomputation_must_change_no_bit_of_the_compiled_step(tmp_path, monkeypatch, nudged):
+    """Where the compiled step's arithmetic differs from eager's, the schedule's step must
+    still equal the runtime's no-recompute step bitwise. A ReLU recomputed 1e-6 too large
+    (`nudged`) passes every row against the unmodified model (within `allclose`) and fails
+    that one only. Catches: the check left out, or made with a tolerance."""
+    torch.manual_seed(0)
+    model, x = _CnnOtherKernels(), torch.randn(4, 3, 32, 32)
+    point = explorer.Planner(model, (x,)).sweep(points=3).points[0]
+    assert any(name.startswith("relu") for name in point.recomputed)
+    path = point.schedule.export(tmp_path / "lowest.py")
+    if nudged:
+        replay = partition.replay_in_place
+
+        def nudge(node) -> None:  # each node the backward recomputes passes here
+            replay(node)
+            if node.target == torch.ops.aten.relu.default:
+                node.target = _nudged_relu
+
+        monkeypatch.setattr(partition, "replay_in_place", nudge)
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    rows = {r.quantity: r for r in report.rows}
+    assert rows["parameter gradients"].ok, report.format_table()
+    assert rows["parameter gradients"].measured != BITWISE  # eager's arithmetic is other
+    row = rows[RECOMPUTATION]
+    if nudged:
+        assert not report.ok and not row.ok, report.format_table()
+        assert [r.quantity for r in report.rows if not r.ok] == [RECOMPUTATION]
+        assert row.note == "recomputation changed parameter gradients"
+    else:
+        assert report.ok and row.measured == BITWISE, report.format_table()
+
+
+def test_a_step_without_recomputation_that_cannot_run_fails_its_row_and_says_why(
+    tmp_path, monkeypatch
+):
+    torch.manual_seed(0)
+    model, x = _CnnOtherKernels(), torch.randn(4, 3, 32, 32)
+    path = explorer.Planner(model, (x,)).baseline().export(tmp_path / "plan.py")
+
+    def out_of_memory(*_args) -> None:
+        raise RuntimeError("CUDA out of memory (as a third copy of a large model may be)")
+
+    monkeypatch.setattr(verify_module, "_step_without_recomputation", out_of_memory)
+    report = explorer.verify(path, model=model, example_inputs=(x,))
+    row = next(r for r in report.rows if r.quantity == RECOMPUTATION)
+    assert not report.ok and [r.quantity for r in report.rows if not r.ok] == [RECOMPUTATION]
+    assert row.note.startswith("the step with nothing recomputed could not run (RuntimeError")
+
+
+def test_against_nothing_recomputed_a_cuda_step_may_differ_within_tolerance_only():
+    # CUDA kernels without a deterministic version (an upsampling's backward) may differ
+    # from run to run, so there the row asks what the others ask; on the CPU, every bit
+    a = torch.linspace(1.0, 2.0, 8)
+    nudged, wrong = a * (1 + 2**-20), a * 1.001
+    checks = {"outputs": [(a, a)], "parameter gradients": [(a, a), (a, nudged)]}
+    plain = {"outputs": [a.clone()], "parameter gradients": [a.clone(), a.clone()]}
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    row = verify_module._recomputation_row(checks, plain, cpu)
+    assert not row.ok and row.note == "recomputation changed parameter gradients"
+    row = verify_module._recomputation_row(checks, plain, cuda)
+    assert row.ok and row.measured == "close" and "in parameter gradients" in row.note
+    checks["parameter gradients"][1] = (a, wrong)
+    assert not verify_module._recomputation_row(checks, plain, cuda).ok
+    checks["parameter gradients"][1] = (a, a.clone())
+    assert verify_module._recomputation_row(checks, plain, cpu).measured == BITWISE
+    plain["outputs"] = []  # a tensor missing on one side
+    assert not verify_module._recomputation_row(checks, plain, cuda).ok
 
 
 class _OtherKernelsOnAList(_OtherKernels):
