@@ -498,7 +498,7 @@ def verify(
                 plain_model, made_for, schedule, (args, kwargs), values, seed, autocast, path,
                 loss, held, needs_grad,
             )  # fmt: skip
-            recomputation = _recomputation_row(checks, plain, dev)
+            recomputation = _recomputation_row(checks, plain, dev, autocast)
             del plain
         except (RuntimeError, TypeError) as exc:  # out of memory, as the float64 step may be
             note = f"the step with nothing recomputed could not run ({first_line(exc)})"
@@ -715,15 +715,19 @@ def _step_without_recomputation(
 
 
 def _recomputation_row(
-    checks: dict[str, list], plain: dict[str, list], device: torch.device
+    checks: dict[str, list],
+    plain: dict[str, list],
+    device: torch.device,
+    precision: torch.dtype | None = None,
 ) -> VerifyRow:
     """The schedule's tensors of every check against the no-recompute step's: bitwise on the
     CPU, whose kernels are deterministic. CUDA's are not all, even with deterministic
     algorithms asked for (an operator without such a kernel only warns: an upsampling's
     backward adds with atomics), so there a tensor may also pass within `compare`'s
-    tolerance, and the row says by how much it differs."""
+    tolerance (`precision`: the step's autocast dtype, as for the other rows), and the row
+    says in which checks."""
     compared = {
-        name: compare(name, _paired(plain[name], [got for _, got in pairs]))
+        name: compare(name, _paired(plain[name], [got for _, got in pairs]), precision=precision)
         for name, pairs in checks.items()
     }
     strict = device.type != "cuda"

@@ -195,6 +195,7 @@ def test_against_nothing_recomputed_a_cuda_step_may_differ_within_tolerance_only
     assert row.ok and row.measured == "close" and "in parameter gradients" in row.note
     checks["parameter gradients"][1] = (a, wrong)
     assert not verify_module._recomputation_row(checks, plain, cuda).ok
+    assert verify_module._recomputation_row(checks, plain, cuda, torch.bfloat16).ok  # autocast
     checks["parameter gradients"][1] = (a, a.clone())
     assert verify_module._recomputation_row(checks, plain, cpu).measured == BITWISE
     plain["outputs"] = []  # a tensor missing on one side
