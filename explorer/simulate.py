@@ -52,8 +52,12 @@ class Timeline:
 
     @property
     def forward_end(self) -> int:
-        """Index of the first backward entry."""
-        return self.phase.index("backward") if "backward" in self.phase else len(self.phase)
+        """Index of the first entry of the backward: a backward operator, or a recomputation
+        (a backward may start with one: in a step of several graphs it runs after the later
+        graphs' backwards, not in the forward)."""
+        return next(
+            (i for i, phase in enumerate(self.phase) if phase != "forward"), len(self.phase)
+        )
 
 
 class _Storages:

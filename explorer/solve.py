@@ -582,22 +582,32 @@ class Solver:
             label = self.cache.label(str(budget))
             if label is None or (not label[0] and (label[1] or 0.0) <= 0.0):
                 unknown.append(budget)  # solved, neither proven nor bounded
-        if not unknown:
+        found = self.bounds_within(unknown)
+        for budget, bound in found.items():
+            self.cache.put_label(str(budget), False, bound)
+        if found:
+            self._save()
+        return found
+
+    def bounds_within(self, budgets: list[int]) -> dict[int, float]:
+        """Lower bounds above zero on the recomputation seconds of every schedule of the
+        space within each of `budgets`, searched or not: the LPs bound_unknown describes,
+        solved in the same time. A step of several graphs asks each graph's solver at the
+        most its graph may peak at within the step's budgets (explorer.step)."""
+        budgets = sorted({b for b in budgets if b < self.baseline.predicted_peak_bytes})
+        if not budgets:
             return {}
         lp = self.refines and self.refiner is not None
         if lp:
-            self._relax_unknown(unknown)
-        self._floors_at(unknown)
+            self._relax_unknown(budgets)
+        self._floors_at(budgets)
         found: dict[int, float] = {}
-        for budget in unknown:
+        for budget in budgets:
             bound = self._carried_floor(budget)
             if lp:
                 bound = largest_bound([bound, self.refiner.bound(budget)])
             if bound is not None and bound > 0.0:
                 found[budget] = bound
-                self.cache.put_label(str(budget), False, bound)
-        if found:
-            self._save()
         return found
 
     def _relax_unknown(self, unknown: list[int]) -> None:

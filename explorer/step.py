@@ -38,7 +38,9 @@ compiled graph): one solver serves them, and the step's seconds count each run.
 `StepSolver` answers "fastest step plan within B bytes" with one solver per graph: first every
 graph gets the same share of its own range (minimum to no recomputation), the largest share
 whose combined peak fits; then the fastest combination of the schedules the graphs' solvers
-know whose step fits, if faster.
+know whose step fits, if faster. Its least peak is searched over the step (`minimum`), and its
+plans are bounded by each graph's bounds at the most that graph may peak at within the step's
+budget (`graph_budget`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from dataclasses import dataclass
 
 from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import BelowMinimum
-from explorer.graph import ROLE_TANGENT, Graph, ValueRef
+from explorer.graph import ROLE_TANGENT, Graph, ValueRef, storage_owners
 from explorer.program import EagerCode, Handoff, StepProgram, compile_program, storage_slots
 from explorer.progress import CancelToken
 from explorer.schedule import GraphSchedule, Schedule
@@ -60,6 +62,7 @@ from explorer.units import below_minimum
 
 BISECTIONS = 16  # shares tried when several graphs split a budget
 MAX_PAIRINGS = 1000  # combinations of the graphs' known schedules tried for one budget
+LEANEST_ROUNDS = 4  # rounds of one graph at a time changed for the least step peak
 
 
 @dataclass
@@ -109,7 +112,6 @@ def step_timeline(
         and not _unreached_grads(moments, -1)
     ):
         return lines[0]
-    grads = [_param_grad_bytes(g, h) + h.eager.grads for g, h in zip(graphs, handoffs, strict=True)]
     out = Timeline([], [], [], static_bytes)
     held = 0
     for k, line in enumerate(lines):
@@ -126,24 +128,42 @@ def step_timeline(
     # a later graph's outputs the user holds, and their tangents, stay alive through the
     # earlier backwards (the tangents autograd handed over are gone by then)
     users = [line.user_bytes for line in lines]
-    # ... and the earlier graphs' tangents the user holds are alive through the later ones'
-    tangents = [_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
-    # ... and the user's own tangents for outputs a later graph reads too, from their maker's
-    # backward through every earlier one (CTRL's logits, read by its loss graph)
-    own = [_own_user_tangent_bytes(g, h) for g, h in zip(graphs, handoffs, strict=True)]
-    backward_all = sum(e.backward for e in eager)  # eager code's, through every backward
+    constant = backward_constants(graphs, handoffs, moments)
     # the model's forward has returned
     held -= sum(line.frame_bytes - sum(line.released.values()) for line in lines)
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
-        around = sum(grads[k + 1 :]) + sum(users[k + 1 :]) + sum(tangents[:k]) + eager[k].waiting
-        around += backward_all + _kept_by_eager(k, eager, programs, graphs, handoffs)
-        around += sum(own[k:])
-        around += _unreached_grads(moments, k)
+        around = constant[k] + sum(users[k + 1 :])
+        around += _kept_by_eager(k, eager, programs, graphs, handoffs)
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around)
         held -= eager[k].saved
     return out
+
+
+def backward_constants(
+    graphs: list[Graph], handoffs: list[Handoff], moments: list[EagerPeaks]
+) -> list[int]:
+    """For each run, the bytes that the step holds through its backward, beyond the static
+    bytes, whatever the graphs' schedules: the later runs' parameter gradients; the user's
+    tangents of the earlier runs (drawn before any backward); the user's own tangents for
+    outputs a later graph reads too, from their maker's backward through every earlier one
+    (CTRL's logits, read by its loss graph); what eager code holds through every backward or
+    until this one; and gradients the autograd graph does not show, made by then."""
+    pairs = list(zip(graphs, handoffs, strict=True))
+    grads = [_param_grad_bytes(g, h) + h.eager.grads for g, h in pairs]
+    tangents = [_user_tangent_bytes(g, h) for g, h in pairs]
+    own = [_own_user_tangent_bytes(g, h) for g, h in pairs]
+    backward_all = sum(h.eager.backward for h in handoffs)
+    return [
+        sum(grads[k + 1 :])
+        + sum(tangents[:k])
+        + sum(own[k:])
+        + handoffs[k].eager.waiting
+        + backward_all
+        + _unreached_grads(moments, k)
+        for k in range(len(graphs))
+    ]
 
 
 def _graph_timelines(
@@ -273,6 +293,14 @@ def _own_user_tangent_bytes(graph: Graph, handoff: Handoff) -> int:
     return sum(n.out_bytes for n in tangents if n.name in handoff.user_tangents_too)
 
 
+def _output_storage_bytes(graph: Graph) -> int:
+    """Bytes of the storages of a graph's outputs (an output that is a view lets go of its
+    base's storage)."""
+    owner = storage_owners(graph)
+    roots = {owner.get(ref, ref) for ref in graph.model_outputs if ref is not None}
+    return sum(graph.meta(root).nbytes for root in roots)
+
+
 def _param_grad_bytes(graph: Graph, handoff: Handoff) -> int:
     """Bytes of the gradients a graph's backward leaves for its parameters (one that a later
     graph reads too has its gradient counted there)."""
@@ -342,10 +370,13 @@ class StepSolver:
             if self.single
             else 0
         )
+        every_run = moments or [EagerPeaks()] * len(graphs)
+        self.backward_constants = backward_constants(graphs, handed, every_run)
         self.baseline = self.combine([s.baseline for s in solvers])
         single_fixed = solvers[0].fixed_bytes + self.beyond_graph_bytes
         self.fixed_bytes = single_fixed if self.single else self.static_bytes + grads + unreached
         self._minimum: Schedule | None = None
+        self._everything: dict[int, GraphSchedule] = {}  # per solver (`_options`)
 
     @contextmanager
     def cancelled_by(self, cancel: CancelToken | None) -> Iterator[None]:
@@ -414,10 +445,54 @@ class StepSolver:
         )
 
     def minimum(self) -> Schedule:
-        """The leanest plan: every graph at its own minimum."""
+        """The leanest plan found. One graph: its solver's minimum. Several: a graph's own
+        least peak is not the step's, for what a graph's forward saves is alive through the
+        later graphs (a graph that saves less at the same own peak lowers the step's, and
+        so may one that recomputes nothing where its own peak is not the step's); so from
+        every graph at its own minimum, each graph in turn takes the option (`_options`)
+        that lowers the step's peak most, until none does (`_leanest`)."""
         if self._minimum is None:
-            self._minimum = self.combine([s.minimum() for s in self.solvers])
+            picks = [s.minimum() for s in self.solvers]
+            if not self.single:
+                picks = self._leanest(picks)
+            self._minimum = self.combine(picks)
         return self._minimum.copy()
+
+    def _leanest(self, picks: list[GraphSchedule]) -> list[GraphSchedule]:
+        """`picks` (one schedule per solver) changed one graph at a time to the option that
+        lowers the step's peak most (then its seconds), for LEANEST_ROUNDS rounds at most."""
+
+        def rank(trial: list[GraphSchedule]) -> tuple[int, float]:
+            peak = self.timeline(self.each_graph(trial)).peak_bytes
+            return peak, self._seconds(s.predicted_seconds for s in trial)
+
+        options = [self._options(n) for n in range(len(self.solvers))]
+        best = rank(picks)
+        for _ in range(LEANEST_ROUNDS):
+            improved = False
+            for n, choices in enumerate(options):
+                for option in choices:
+                    trial = [*picks[:n], option, *picks[n + 1 :]]
+                    ranked = rank(trial)
+                    if ranked < best:
+                        best, picks, improved = ranked, trial, True
+            if not improved:
+                break
+        return picks
+
+    def _options(self, n: int) -> list[GraphSchedule]:
+        """What solver `n`'s graph may run, for a step of several graphs to combine: the
+        schedules its solver knows (the fastest for their own peak), and the one that
+        recomputes all it can (Space.everything: it saves the least through the later
+        graphs)."""
+        solver = self.solvers[n]
+        if n not in self._everything:
+            self._everything[n] = solver.schedule_of(solver.space.everything())
+        known = solver.known()
+        everything = self._everything[n]
+        if any((s.saved, s.backward) == (everything.saved, everything.backward) for s in known):
+            return known
+        return [*known, GraphSchedule.from_dict(everything.to_dict())]
 
     def lowest_known(self) -> int:
         """The least step peak of a plan found so far: for a single graph, its solver's
@@ -496,23 +571,62 @@ class StepSolver:
             self.solvers[0].remember_sweep(points, [b - self.beyond_graph_bytes for b in budgets])
 
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
-        """Lower bounds for solved budgets without one (see Solver.bound_unknown): for a
-        single graph only, whose budgets are the step's (several graphs share each budget
-        out, and a step's gap is its worst graph's)."""
-        if not self.single:
-            return {}
-        beyond = self.beyond_graph_bytes
-        found = self.solvers[0].bound_unknown([b - beyond for b in budgets])
-        return {b + beyond: bound for b, bound in found.items()}
+        """Lower bounds for solved budgets without one (see Solver.bound_unknown). A single
+        graph's budgets are the step's; several graphs share each budget out, so there every
+        run of a graph is bounded at the most its graph may peak at (`graph_budget`), and the
+        step's bound is the sum over the runs."""
+        if self.single:
+            beyond = self.beyond_graph_bytes
+            found = self.solvers[0].bound_unknown([b - beyond for b in budgets])
+            return {b + beyond: bound for b, bound in found.items()}
+        asked = {b: [self.graph_budget(k, b) for k in range(len(self.graphs))] for b in budgets}
+        bounds = [
+            solver.bounds_within([within[k] for within in asked.values() for k in self._runs_of(n)])
+            for n, solver in enumerate(self.solvers)
+        ]
+        found = {}
+        for budget, within in asked.items():
+            runs = zip(self.solver_of, within, strict=True)
+            total = sum(bounds[n].get(graph_budget, 0.0) for n, graph_budget in runs)
+            if total > 0.0:
+                found[budget] = total
+        return found
+
+    def graph_budget(self, run: int, budget: int) -> int:
+        """The most bytes that run `run`'s graph may peak at, as its own solver counts
+        (`evaluate`: everything the graph reads counted throughout as static, no handoff),
+        in a step that peaks at `budget` at most. Above their static bytes, the step counts
+        the run's operators as that simulation does, or more (what the step's other parts
+        count of them), on top of its own static bytes and of what other graphs and eager
+        code hold (zero or more; through the backward at least `backward_constants`); but
+        after the forward the step may let go of the graph's outputs (passed on to a later
+        graph, or dropped), which the graph's own count keeps. So the graph peaks at most at
+        the step's budget, less the step's static bytes, plus its own static bytes and
+        whatever of its outputs the backward's constant bytes do not cover. Checked on
+        sampled pairings of schedules of eleven steps (tests/test_several_graphs.py)."""
+        graph = self.graphs[run]
+        uncovered = max(0, _output_storage_bytes(graph) - self.backward_constants[run])
+        return budget - self.static_bytes + graph.static_bytes() + uncovered
+
+    def _runs_of(self, solver: int) -> list[int]:
+        """The runs of the step whose graph `solver` plans."""
+        return [k for k, n in enumerate(self.solver_of) if n == solver]
 
     def peak_floor(self) -> int | None:
         """Step bytes under which no plan of the solver's space peaks (see
-        Solver.peak_floor): for a single graph only (several graphs share each budget out,
-        and their floors do not add up to the step's)."""
-        if not self.single:
-            return None
-        floor = self.solvers[0].peak_floor()
-        return None if floor is None else floor + self.beyond_graph_bytes
+        Solver.peak_floor). Several graphs: the highest step peak that a run's graph at its
+        own floor implies (`graph_budget` the other way round); None if a graph's floor is
+        not known."""
+        if self.single:
+            floor = self.solvers[0].peak_floor()
+            return None if floor is None else floor + self.beyond_graph_bytes
+        implied = []
+        for run, n in enumerate(self.solver_of):
+            floor = self.solvers[n].peak_floor()  # kept in the solver's cache once found
+            if floor is None:
+                return None
+            implied.append(floor - self.graph_budget(run, 0))
+        return max(implied)
 
     def _shared(self, budget: int) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits."""
@@ -540,7 +654,10 @@ class StepSolver:
         first that fits is the fastest of them; at most MAX_PAIRINGS tried. An equal share of
         each range is rarely where the step is fastest: a two-graph CNN (tests/test_backend.py)
         costs +11.4% with equal shares from half its range up, +8.9% given apart."""
-        options = [sorted(s.known(), key=lambda g: g.predicted_seconds) for s in self.solvers]
+        options = [
+            sorted(self._options(n), key=lambda g: g.predicted_seconds)
+            for n in range(len(self.solvers))
+        ]
 
         def seconds(index: tuple[int, ...]) -> float:
             return self._seconds(options[k][i].predicted_seconds for k, i in enumerate(index))
