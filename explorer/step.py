@@ -47,9 +47,11 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import BelowMinimum
@@ -58,11 +60,15 @@ from explorer.program import EagerCode, Handoff, StepProgram, compile_program, s
 from explorer.progress import CancelToken
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import BEFORE_FORWARD, Timeline, simulate
+from explorer.solvers.saving import saved_limited, stage_mixes
 from explorer.units import below_minimum
+
+T = TypeVar("T")
 
 BISECTIONS = 16  # shares tried when several graphs split a budget
 MAX_PAIRINGS = 1000  # combinations of the graphs' known schedules tried for one budget
 LEANEST_ROUNDS = 4  # rounds of one graph at a time changed for the least step peak
+MEMO_SIZE = 20000  # programs and simulations of runs kept by a step's solver
 
 
 @dataclass
@@ -94,15 +100,20 @@ def step_timeline(
     handoffs: list[Handoff] | None = None,
     moments: list[EagerPeaks] | None = None,
     layout_copies: bool = True,
+    memo: dict | None = None,
+    labelled: bool = True,
 ) -> Timeline:
     """Bytes alive after each operator of the whole step (see the module docstring), and at
     the highest moments of code outside the graphs (`moments`, per run: explorer.eagerpeaks).
-    `layout_copies`: False when the step starts with gradients (explorer.simulate)."""
+    `layout_copies`: False when the step starts with gradients (explorer.simulate). `memo`:
+    each run's program and simulation kept across calls for the same graphs and settings
+    (explorer.step.StepSolver: a search simulates the same schedule of a run many times).
+    `labelled`: False for the bytes alone (no labels or phases), all a search needs."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
     moments = moments or [EagerPeaks()] * len(graphs)
     lines, programs, in_flight = _graph_timelines(
-        graphs, schedules, workspace, handoffs, moments, layout_copies
+        graphs, schedules, workspace, handoffs, moments, layout_copies, memo
     )
     eager = [h.eager for h in handoffs]
     if (
@@ -119,16 +130,19 @@ def step_timeline(
         held -= sum(earlier.released.get(k, 0) for earlier in lines[:k])  # frames let go
         first = 0
         if line.labels[:1] == [BEFORE_FORWARD]:  # measured from the step's start: held nothing
-            _append(out, line, k, range(1), static_bytes)
+            _append(out, line, k, range(1), static_bytes, labelled)
             first = 1
         span = range(first, line.forward_end)
-        _append(out, line, k, span, static_bytes + held + eager[k].locals + in_flight[k])
+        base = static_bytes + held + eager[k].locals + in_flight[k]
+        _append(out, line, k, span, base, labelled)
         held += line.held_bytes
     out.held_bytes = held
     # a later graph's outputs the user holds, and their tangents, stay alive through the
     # earlier backwards (the tangents autograd handed over are gone by then)
     users = [line.user_bytes for line in lines]
-    constant = backward_constants(graphs, handoffs, moments)
+    constant = _memoized(
+        memo, ("constants",), partial(backward_constants, graphs, handoffs, moments)
+    )
     # the model's forward has returned
     held -= sum(line.frame_bytes - sum(line.released.values()) for line in lines)
     for k in reversed(range(len(lines))):
@@ -136,7 +150,7 @@ def step_timeline(
         around = constant[k] + sum(users[k + 1 :])
         around += _kept_by_eager(k, eager, programs, graphs, handoffs)
         backward = range(lines[k].forward_end, len(lines[k].steps))
-        _append(out, lines[k], k, backward, static_bytes + held + around)
+        _append(out, lines[k], k, backward, static_bytes + held + around, labelled)
         held -= eager[k].saved
     return out
 
@@ -173,6 +187,7 @@ def _graph_timelines(
     handoffs: list[Handoff],
     moments: list[EagerPeaks],
     layout_copies: bool,
+    memo: dict | None = None,
 ) -> tuple[list[Timeline], list[StepProgram], list[int]]:
     """Each graph's own simulation, a handed-over tensor counted by one graph only, each
     graph's program, and the bytes handed over past each graph's forward: a tensor that its
@@ -186,7 +201,8 @@ def _graph_timelines(
     saved: set[tuple[int, ValueRef]] = set()  # ... and saves for its backward
     programs_saves: list[set[int]] = []  # each graph's transient inputs its backward reads
     for k, (graph, schedule) in enumerate(zip(graphs, schedules, strict=True)):
-        program = compile_program(graph, schedule, handoffs[k])
+        key = (k, tuple(schedule.saved), tuple(schedule.backward))
+        program = _memoized(memo, key, partial(compile_program, graph, schedule, handoffs[k]))
         programs.append(program)
         saves = set(program.transient_slots) - set(program.frame_held)
         programs_saves.append(saves)
@@ -215,15 +231,38 @@ def _graph_timelines(
             read.add((j, ref))
             if program.slot_of[(name, 0)] in saves:
                 saved.add((j, ref))
-        lines.append(simulate(graph, program, workspace[k], held, moments[k], layout_copies))
+        lines.append(
+            _memoized(
+                memo,
+                (*key, held),
+                partial(simulate, graph, program, workspace[k], held, moments[k], layout_copies),
+            )
+        )
     return lines, programs, in_flight
 
 
-def _append(out: Timeline, line: Timeline, k: int, span: range, base: int) -> None:
-    for i in span:
-        out.steps.append(base + line.steps[i] - line.static_bytes)
-        out.labels.append(f"g{k + 1}:{line.labels[i]}")
-        out.phase.append(line.phase[i])
+def _memoized(memo: dict | None, key: tuple, make: Callable[[], T]) -> T:
+    """`make()`, kept in `memo` under `key` (made afresh without a memo); a memo past
+    MEMO_SIZE entries starts again."""
+    if memo is None:
+        return make()
+    if key not in memo:
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        memo[key] = make()
+    return memo[key]
+
+
+def _append(
+    out: Timeline, line: Timeline, k: int, span: range, base: int, labelled: bool = True
+) -> None:
+    """Run `k`'s entries `span` on top of `base` bytes, and their labels and phases unless
+    not `labelled` (a search asks only whether a step fits)."""
+    shift = base - line.static_bytes
+    out.steps.extend(shift + line.steps[i] for i in span)
+    if labelled:
+        out.labels.extend(f"g{k + 1}:{line.labels[i]}" for i in span)
+        out.phase.extend(line.phase[i] for i in span)
 
 
 def _kept_by_eager(
@@ -370,13 +409,14 @@ class StepSolver:
             if self.single
             else 0
         )
+        self._memo: dict = {}  # the runs' programs and simulations (step_timeline)
         every_run = moments or [EagerPeaks()] * len(graphs)
         self.backward_constants = backward_constants(graphs, handed, every_run)
         self.baseline = self.combine([s.baseline for s in solvers])
         single_fixed = solvers[0].fixed_bytes + self.beyond_graph_bytes
         self.fixed_bytes = single_fixed if self.single else self.static_bytes + grads + unreached
         self._minimum: Schedule | None = None
-        self._everything: dict[int, GraphSchedule] = {}  # per solver (`_options`)
+        self._saving: dict[int, list[GraphSchedule]] = {}  # per solver (`options`)
 
     @contextmanager
     def cancelled_by(self, cancel: CancelToken | None) -> Iterator[None]:
@@ -432,8 +472,9 @@ class StepSolver:
         """A step's seconds from each solver's graph's: a graph run n times costs n runs."""
         return sum(n * seconds for n, seconds in zip(self.runs, per_solver, strict=True))
 
-    def timeline(self, schedules: list[GraphSchedule]) -> Timeline:
-        """Bytes alive after each operator of the step, one schedule per graph."""
+    def timeline(self, schedules: list[GraphSchedule], labelled: bool = True) -> Timeline:
+        """Bytes alive after each operator of the step, one schedule per graph (`labelled`:
+        False for the bytes alone, see step_timeline)."""
         return step_timeline(
             self.graphs,
             schedules,
@@ -442,14 +483,20 @@ class StepSolver:
             self.handoffs,
             self.moments,
             layout_copies=not self.gradients_held,
+            memo=None if self.single else self._memo,
+            labelled=labelled,
         )
+
+    def peak(self, schedules: list[GraphSchedule]) -> int:
+        """The step's peak bytes, one schedule per graph."""
+        return self.timeline(schedules, labelled=False).peak_bytes
 
     def minimum(self) -> Schedule:
         """The leanest plan found. One graph: its solver's minimum. Several: a graph's own
         least peak is not the step's, for what a graph's forward saves is alive through the
         later graphs (a graph that saves less at the same own peak lowers the step's, and
         so may one that recomputes nothing where its own peak is not the step's); so from
-        every graph at its own minimum, each graph in turn takes the option (`_options`)
+        every graph at its own minimum, each graph in turn takes the option (`options`)
         that lowers the step's peak most, until none does (`_leanest`)."""
         if self._minimum is None:
             picks = [s.minimum() for s in self.solvers]
@@ -463,10 +510,10 @@ class StepSolver:
         lowers the step's peak most (then its seconds), for LEANEST_ROUNDS rounds at most."""
 
         def rank(trial: list[GraphSchedule]) -> tuple[int, float]:
-            peak = self.timeline(self.each_graph(trial)).peak_bytes
+            peak = self.peak(self.each_graph(trial))
             return peak, self._seconds(s.predicted_seconds for s in trial)
 
-        options = [self._options(n) for n in range(len(self.solvers))]
+        options = [self.options(n) for n in range(len(self.solvers))]
         best = rank(picks)
         for _ in range(LEANEST_ROUNDS):
             improved = False
@@ -480,19 +527,17 @@ class StepSolver:
                 break
         return picks
 
-    def _options(self, n: int) -> list[GraphSchedule]:
+    def options(self, n: int) -> list[GraphSchedule]:
         """What solver `n`'s graph may run, for a step of several graphs to combine: the
-        schedules its solver knows (the fastest for their own peak), and the one that
-        recomputes all it can (Space.everything: it saves the least through the later
-        graphs)."""
-        solver = self.solvers[n]
-        if n not in self._everything:
-            self._everything[n] = solver.schedule_of(solver.space.everything())
-        known = solver.known()
-        everything = self._everything[n]
-        if any((s.saved, s.backward) == (everything.saved, everything.backward) for s in known):
-            return known
-        return [*known, GraphSchedule.from_dict(everything.to_dict())]
+        schedules its solver knows (the fastest for their own peak), and those that save
+        less through the later graphs for their seconds (explorer.solvers.saving)."""
+        if n not in self._saving:
+            solver = self.solvers[n]
+            self._saving[n] = [*stage_mixes(solver), *saved_limited(solver)]
+        known = self.solvers[n].known()
+        seen = {(tuple(s.saved), tuple(s.backward)) for s in known}
+        more = [s for s in self._saving[n] if (tuple(s.saved), tuple(s.backward)) not in seen]
+        return [*known, *(GraphSchedule.from_dict(s.to_dict()) for s in more)]
 
     def lowest_known(self) -> int:
         """The least step peak of a plan found so far: for a single graph, its solver's
@@ -655,7 +700,7 @@ class StepSolver:
         each range is rarely where the step is fastest: a two-graph CNN (tests/test_backend.py)
         costs +11.4% with equal shares from half its range up, +8.9% given apart."""
         options = [
-            sorted(self._options(n), key=lambda g: g.predicted_seconds)
+            sorted(self.options(n), key=lambda g: g.predicted_seconds)
             for n in range(len(self.solvers))
         ]
 
@@ -669,7 +714,7 @@ class StepSolver:
                 break
             _, index = heapq.heappop(queue)
             picks = [options[k][i] for k, i in enumerate(index)]
-            if self.timeline(self.each_graph(picks)).peak_bytes <= budget:
+            if self.peak(self.each_graph(picks)) <= budget:
                 return self.combine(picks)  # known() gave copies
             for k in range(len(index)):
                 after = (*index[:k], index[k] + 1, *index[k + 1 :])
