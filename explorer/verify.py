@@ -437,11 +437,9 @@ def verify(
     dev = tensors_in((args, kwargs))[0].device
     values = InputValues((args, kwargs))  # each step starts from them (a forward may write)
     held = bool(made_for.get("gradients_held"))
+    steps = _Steps((args, kwargs), values, seed, autocast, loss, held, path, schedule)
     if held:  # planned for steps that add to the gradients of an earlier one: make them
-        _first_steps(
-            [reference, wrapped, exact_model], (args, kwargs), values, seed, autocast, path,
-            schedule, loss,
-        )  # fmt: skip
+        _first_steps([reference, wrapped, exact_model], steps)
         static += tensor_bytes([p.grad for p in candidate.parameters() if p.grad is not None])
 
     versions = _versions(reference), _versions(candidate)
@@ -494,10 +492,7 @@ def verify(
     recomputation = None
     if any(row.measured != BITWISE for row in rows.values()):
         try:
-            plain = _step_without_recomputation(
-                plain_model, made_for, schedule, (args, kwargs), values, seed, autocast, path,
-                loss, held, needs_grad,
-            )  # fmt: skip
+            plain = _step_without_recomputation(plain_model, made_for, steps, needs_grad)
             recomputation = _recomputation_row(checks, plain, dev, autocast)
             del plain
         except (RuntimeError, TypeError) as exc:  # out of memory, as the float64 step may be
@@ -532,28 +527,12 @@ def verify(
     ref_peak, new_peak = ref_meter.peak_bytes, new_meter.peak_bytes
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
-            ref_peak, new_peak, allocated, reserved = _cuda_peaks(
-                reference, wrapped, (args, kwargs), values, seed, autocast, dev, held, loss
-            )
+            ref_peak, new_peak, allocated, reserved = _cuda_peaks(reference, wrapped, steps)
         report.measurements["CUDA allocated peak (bytes)"] = static + allocated
         report.measurements["CUDA reserved peak (bytes)"] = reserved
     report.rows.append(_peak_row(static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
-    report.measurements.update(
-        _timings(
-            reference,
-            wrapped,
-            (args, kwargs),
-            values,
-            seed,
-            schedule,
-            autocast=autocast,
-            held=held,
-            loss=loss,
-            seconds=seconds,
-            cancel=cancel,
-        )
-    )
+    report.measurements.update(_timings(reference, wrapped, steps, seconds, cancel))
     return report
 
 
@@ -577,23 +556,41 @@ def _loss_for(path: Path, made_for: dict, loss: Callable | None) -> Callable | N
     return loss
 
 
-def _first_steps(
-    models: list,
-    inputs: tuple[tuple, dict],
-    values: InputValues,
-    seed: int,
-    autocast,
-    path: Path,
-    schedule: dict,
-    loss,
-) -> None:
+@dataclass
+class _Steps:
+    """What every step verify runs shares: the inputs, whose values are put back after each
+    step (a forward may write into them); the seed, autocast precision and loss; whether the
+    plan holds gradients from an earlier step; and the file and its schedule, for the one
+    line that explains a failure (`_explained`)."""
+
+    inputs: tuple[tuple, dict]
+    values: InputValues
+    seed: int
+    autocast: torch.dtype | None
+    loss: Callable[[Any], torch.Tensor] | None
+    held: bool
+    path: Path
+    schedule: dict
+
+    @property
+    def device(self) -> torch.device:
+        return tensors_in(self.inputs)[0].device
+
+    def run(self, model) -> tuple[Any, tuple, dict]:
+        """One training step of `model` on fresh inputs, under the step's autocast: its
+        outputs and the inputs it ran on (not yet put back)."""
+        step_args, step_kwargs = _fresh_inputs(*self.inputs)
+        with step_autocast(self.device, self.autocast):
+            out = training_step(model, step_args, self.seed, step_kwargs, loss=self.loss)
+        return out, step_args, step_kwargs
+
+
+def _first_steps(models: list, steps: _Steps) -> None:
     """One step of each model, whose gradients the compared step adds to."""
-    dev = tensors_in(inputs)[0].device
-    with _deterministic(dev), step_autocast(dev, autocast), _explained(path, schedule):
+    with _deterministic(steps.device), _explained(steps.path, steps.schedule):
         for model in models:
-            step_args, step_kwargs = _fresh_inputs(*inputs)
-            training_step(model, step_args, seed, step_kwargs, loss=loss)
-            values.restore()
+            steps.run(model)
+            steps.values.restore()
 
 
 def _written(values: InputValues, inputs: tuple[tuple, dict]) -> list[torch.Tensor] | None:
@@ -682,36 +679,25 @@ def _step_tensors(
 
 
 def _step_without_recomputation(
-    model: nn.Module,
-    made_for: dict,
-    schedule: dict,
-    inputs: tuple[tuple, dict],
-    values: InputValues,
-    seed: int,
-    autocast: torch.dtype | None,
-    path: Path,
-    loss: Callable[[Any], torch.Tensor] | None,
-    held: bool,
-    needs_grad: list[int],
+    model: nn.Module, made_for: dict, steps: _Steps, needs_grad: list[int]
 ) -> dict[str, list]:
     """The compared step of `model` (a copy of the unmodified model as the steps started)
     under the runtime with nothing recomputed: the schedule's graphs left out, so that each
     graph runs its no-recompute plan (explorer.backend), with its first steps where the
     gradients are held. By check name, as `_step_tensors`."""
-    plain = wrap_with_schedule(model, made_for, {**schedule, "graphs": []})
-    dev = tensors_in(inputs)[0].device
+    plain = wrap_with_schedule(model, made_for, {**steps.schedule, "graphs": []})
     with warnings.catch_warnings():
         # no plan was made for its graphs, which is the point: not the user's concern
         warnings.simplefilter("ignore", RematWarning)
-        if held:
-            _first_steps([plain], inputs, values, seed, autocast, path, schedule, loss)
-        step_args, step_kwargs = _fresh_inputs(*inputs)
-        with _deterministic(dev), step_autocast(dev, autocast), _explained(path, schedule):
-            out = training_step(plain, step_args, seed, step_kwargs, loss=loss)
+        if steps.held:
+            _first_steps([plain], steps)
+        with _deterministic(steps.device), _explained(steps.path, steps.schedule):
+            out, step_args, step_kwargs = steps.run(plain)
     step_inputs = tensors_in((step_args, step_kwargs))
-    written = _written(values, (step_args, step_kwargs))
-    unwritten = [t.detach().clone() for t in tensors_in(inputs)]
-    return _step_tensors(model, out, step_inputs, needs_grad, written or unwritten)
+    written = _written(steps.values, (step_args, step_kwargs))
+    if written is None:  # it wrote nothing: the inputs as they were
+        written = [t.detach().clone() for t in tensors_in(steps.inputs)]
+    return _step_tensors(model, out, step_inputs, needs_grad, written)
 
 
 def _recomputation_row(
@@ -747,28 +733,18 @@ def _recomputation_row(
     return VerifyRow(RECOMPUTATION, BITWISE, BITWISE, True, note)
 
 
-def _cuda_peaks(
-    reference,
-    wrapped,
-    inputs: tuple[tuple, dict],
-    values: InputValues,
-    seed: int,
-    autocast,
-    dev: torch.device,
-    held: bool,
-    loss,
-) -> tuple[int, int, int, int]:
+def _cuda_peaks(reference, wrapped, steps: _Steps) -> tuple[int, int, int, int]:
     """One more step of each model, gradients cleared first unless the plan holds them, under
     the user's kernel settings: the unmodified and the scheduled peaks as requested of the
     allocator, and the scheduled step's allocated and reserved peaks."""
     peaks = []
     for model in (reference, wrapped):
-        step_args, step_kwargs = _fresh_inputs(*inputs)
-        if not held:
+        step_args, step_kwargs = _fresh_inputs(*steps.inputs)
+        if not steps.held:
             clear_grads(model, (step_args, step_kwargs))
-        with step_autocast(dev, autocast), LiveBytesTracker(dev) as meter:
-            training_step(model, step_args, seed, step_kwargs, loss=loss)
-        values.restore()
+        with step_autocast(steps.device, steps.autocast), LiveBytesTracker(steps.device) as meter:
+            training_step(model, step_args, steps.seed, step_kwargs, loss=steps.loss)
+        steps.values.restore()
         peaks.append(meter)
     ref, new = peaks
     return ref.peak_bytes, new.peak_bytes, new.peak_allocated_bytes, new.peak_reserved_bytes
@@ -816,24 +792,13 @@ def _peak_row(measured: int, schedule: dict) -> VerifyRow:
 
 
 def _timings(
-    reference,
-    wrapped,
-    inputs: tuple[tuple, dict],
-    values: InputValues,
-    seed: int,
-    schedule: dict,
-    *,
-    autocast,
-    held: bool,
-    loss,
-    seconds: float,
-    cancel: CancelToken | None = None,
+    reference, wrapped, steps: _Steps, seconds: float, cancel: CancelToken | None = None
 ) -> dict[str, float]:
     """Median step times, interleaved so that drifts in machine load hit both alike, over
     as many rounds as fit in `seconds` (explorer.timingrounds), and the lowest and highest
     overhead of a round (the schedule's step over the unmodified one just before it): how
     far to trust the medians' overhead. On the CPU, also each step's page faults."""
-    dev = tensors_in(inputs)[0].device
+    dev = steps.device
     ref_times: list[float] = []
     new_times: list[float] = []
     ref_faults: list[int | None] = []
@@ -842,18 +807,18 @@ def _timings(
         sides = ((reference, ref_times, ref_faults), (wrapped, new_times, new_faults))
         for model, times, faults in sides:
             check_cancel(cancel)
-            step_args, step_kwargs = _fresh_inputs(*inputs)
-            if not held:  # start as the plan does: without gradients, unless it holds them
+            step_args, step_kwargs = _fresh_inputs(*steps.inputs)
+            if not steps.held:  # start as the plan does: without gradients, unless it holds them
                 clear_grads(model, (step_args, step_kwargs))
 
             def step(m=model, a=step_args, k=step_kwargs) -> None:
-                training_step(m, a, seed, k, loss=loss)
+                training_step(m, a, steps.seed, k, loss=steps.loss)
 
-            with step_autocast(dev, autocast):
+            with step_autocast(dev, steps.autocast):
                 taken, faulted = faults_of(lambda s=step: time_step(s, dev))
             times.append(taken)
             faults.append(faulted)
-            values.restore()
+            steps.values.restore()
     ref_s, new_s = statistics.median(ref_times), statistics.median(new_times)
     rounds = sorted(new / ref - 1 for new, ref in zip(new_times, ref_times, strict=True))
     quartiles = statistics.quantiles(rounds, n=4, method="inclusive")
@@ -872,7 +837,7 @@ def _timings(
         FIRST_QUARTILE: quartiles[0],
         THIRD_QUARTILE: quartiles[2],
         TIMED_ROUNDS: len(rounds),
-        "overhead, predicted": Schedule.from_dict(schedule).predicted_overhead,
+        "overhead, predicted": Schedule.from_dict(steps.schedule).predicted_overhead,
         **counted,
     }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 
+from explorer.progress import check_cancel
 from explorer.schedule import GraphSchedule
 from explorer.solvers.milp import LE, StepMilp, _row
 from explorer.solvers.space import Windows
@@ -65,6 +66,7 @@ def saved_limited(solver) -> list[GraphSchedule]:
             left = deadline - time.perf_counter()
             if left <= 0.0:
                 return _simulated(solver, found)
+            check_cancel(solver.cancel)  # between CBC runs, as the solver's own searches
             limit.upBound = share * most * milp.scale
             result = milp.run(min(RUN_SECONDS, left))
             if result.windows is not None:
