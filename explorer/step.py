@@ -37,8 +37,10 @@ compiled graph): one solver serves them, and the step's seconds count each run.
 
 `StepSolver` answers "fastest step plan within B bytes" with one solver per graph: first every
 graph gets the same share of its own range (minimum to no recomputation), the largest share
-whose combined peak fits; then the fastest combination of the schedules the graphs' solvers
-know whose step fits, if faster. Its least peak is searched over the step (`minimum`), and its
+whose combined peak fits; then the fastest combination of each graph's options (the schedules
+its solver knows, and those that save less: explorer.solvers.saving) whose step fits, if
+faster; then each graph in turn faster where the step still fits. Its least peak is searched
+over the step (`minimum`), and its
 plans are bounded by each graph's bounds at the most that graph may peak at within the step's
 budget (`graph_budget`).
 """
@@ -688,7 +690,7 @@ class StepSolver:
                 lo = share
             else:
                 hi = share
-        best = self._faster_apart(best, budget)
+        best = self._descend(self._faster_apart(best, budget), budget)
         if best.predicted_seconds > self.baseline.predicted_seconds:
             best.status, best.gap = "feasible", 1.0  # a shared budget is not proven best
         return best
@@ -722,6 +724,34 @@ class StepSolver:
                     seen.add(after)
                     heapq.heappush(queue, (seconds(after), after))
         return plan
+
+    def _descend(self, plan: Schedule, budget: int) -> Schedule:
+        """`plan` with one graph at a time changed to its fastest option that keeps the step
+        within `budget`, until none is faster (LEANEST_ROUNDS rounds at most): where the
+        pairings `_faster_apart` tries run out before one fits, or none fits, the plan is
+        still made faster graph by graph."""
+        picks = [plan.graphs[self.solver_of.index(n)] for n in range(len(self.solvers))]
+        options = [
+            sorted(self.options(n), key=lambda g: g.predicted_seconds)
+            for n in range(len(self.solvers))
+        ]
+        best = self._seconds(s.predicted_seconds for s in picks)
+        changed = False
+        for _ in range(LEANEST_ROUNDS):
+            improved = False
+            for n, choices in enumerate(options):
+                for option in choices:
+                    trial = [*picks[:n], option, *picks[n + 1 :]]
+                    seconds = self._seconds(s.predicted_seconds for s in trial)
+                    if seconds >= best:
+                        break  # the rest are no faster
+                    if self.peak(self.each_graph(trial)) <= budget:
+                        picks, best, improved = trial, seconds, True
+                        break
+            changed |= improved
+            if not improved:
+                break
+        return self.combine(picks) if changed else plan
 
     def _at_share(self, share: float) -> Schedule:
         picked = []
