@@ -18,11 +18,15 @@ peak had the first graph saving nothing, at a peak of its own no lower than its 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from explorer.progress import check_cancel
 from explorer.schedule import GraphSchedule
 from explorer.solvers.milp import LE, StepMilp, _row
 from explorer.solvers.space import Windows
+
+if TYPE_CHECKING:
+    from explorer.solve import Solver
 
 CUTS = 8  # stages where a stage mix starts or stops
 LIMITS = (0.0, 0.25, 0.5, 0.75)  # shares of the no-recompute schedule's saved bytes
@@ -30,7 +34,7 @@ RUN_SECONDS = 0.5
 TOTAL_SECONDS = 2.0
 
 
-def stage_mixes(solver) -> list[GraphSchedule]:
+def stage_mixes(solver: Solver) -> list[GraphSchedule]:
     """All a stage can run again, at every stage, from a cut on, before it, and nothing
     again in the chain's backward order (its no-recompute schedule, not autograd's)."""
     space = solver.space
@@ -44,7 +48,7 @@ def stage_mixes(solver) -> list[GraphSchedule]:
     return _simulated(solver, mixes)
 
 
-def saved_limited(solver) -> list[GraphSchedule]:
+def saved_limited(solver: Solver) -> list[GraphSchedule]:
     """The fastest schedules that save at most each of LIMITS, within each of the peaks
     (see module docstring); none for a solver that does not run CBC on the whole graph."""
     if not (solver.whole_runs and solver.refine_seconds > 0):
@@ -74,7 +78,7 @@ def saved_limited(solver) -> list[GraphSchedule]:
     return _simulated(solver, found)
 
 
-def _simulated(solver, points: list[Windows]) -> list[GraphSchedule]:
+def _simulated(solver: Solver, points: list[Windows]) -> list[GraphSchedule]:
     """The distinct schedules of `points` that the lowering can run."""
     found: dict[tuple, GraphSchedule] = {}
     for windows in points:
