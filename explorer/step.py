@@ -40,9 +40,8 @@ graph gets the same share of its own range (minimum to no recomputation), the la
 whose combined peak fits; then the fastest combination of each graph's options (the schedules
 its solver knows, and those that save less: explorer.solvers.saving) whose step fits, if
 faster; then each graph in turn faster where the step still fits. Its least peak is searched
-over the step (`minimum`), and its
-plans are bounded by each graph's bounds at the most that graph may peak at within the step's
-budget (`graph_budget`).
+over the step (`minimum`), and its plans are bounded by each graph's bounds at the most that
+graph may peak at within the step's budget (`graph_budget`).
 """
 
 from __future__ import annotations
@@ -104,13 +103,15 @@ def step_timeline(
     layout_copies: bool = True,
     memo: dict | None = None,
     labelled: bool = True,
+    constants: list[int] | None = None,
 ) -> Timeline:
     """Bytes alive after each operator of the whole step (see the module docstring), and at
     the highest moments of code outside the graphs (`moments`, per run: explorer.eagerpeaks).
     `layout_copies`: False when the step starts with gradients (explorer.simulate). `memo`:
     each run's program and simulation kept across calls for the same graphs and settings
     (explorer.step.StepSolver: a search simulates the same schedule of a run many times).
-    `labelled`: False for the bytes alone (no labels or phases), all a search needs."""
+    `labelled`: False for the bytes alone (no labels or phases), all a search needs.
+    `constants`: `backward_constants` of these graphs, where the caller keeps them."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
     moments = moments or [EagerPeaks()] * len(graphs)
@@ -142,14 +143,13 @@ def step_timeline(
     # a later graph's outputs the user holds, and their tangents, stay alive through the
     # earlier backwards (the tangents autograd handed over are gone by then)
     users = [line.user_bytes for line in lines]
-    constant = _memoized(
-        memo, ("constants",), partial(backward_constants, graphs, handoffs, moments)
-    )
+    if constants is None:
+        constants = backward_constants(graphs, handoffs, moments)
     # the model's forward has returned
     held -= sum(line.frame_bytes - sum(line.released.values()) for line in lines)
     for k in reversed(range(len(lines))):
         held -= lines[k].held_bytes - lines[k].frame_bytes
-        around = constant[k] + sum(users[k + 1 :])
+        around = constants[k] + sum(users[k + 1 :])
         around += _kept_by_eager(k, eager, programs, graphs, handoffs)
         backward = range(lines[k].forward_end, len(lines[k].steps))
         _append(out, lines[k], k, backward, static_bytes + held + around, labelled)
@@ -487,6 +487,7 @@ class StepSolver:
             layout_copies=not self.gradients_held,
             memo=None if self.single else self._memo,
             labelled=labelled,
+            constants=self.backward_constants,
         )
 
     def peak(self, schedules: list[GraphSchedule]) -> int:
@@ -650,7 +651,7 @@ class StepSolver:
         graph, or dropped), which the graph's own count keeps. So the graph peaks at most at
         the step's budget, less the step's static bytes, plus its own static bytes and
         whatever of its outputs the backward's constant bytes do not cover. Checked on
-        sampled pairings of schedules of eleven steps (tests/test_several_graphs.py)."""
+        sampled pairings of schedules of twelve steps (tests/test_several_graphs.py)."""
         graph = self.graphs[run]
         uncovered = max(0, _output_storage_bytes(graph) - self.backward_constants[run])
         return budget - self.static_bytes + graph.static_bytes() + uncovered
@@ -690,21 +691,28 @@ class StepSolver:
                 lo = share
             else:
                 hi = share
-        best = self._descend(self._faster_apart(best, budget), budget)
+        options = self._options_by_seconds()
+        best = self._descend(self._faster_apart(best, budget, options), budget, options)
         if best.predicted_seconds > self.baseline.predicted_seconds:
             best.status, best.gap = "feasible", 1.0  # a shared budget is not proven best
         return best
 
-    def _faster_apart(self, plan: Schedule, budget: int) -> Schedule:
+    def _options_by_seconds(self) -> list[list[GraphSchedule]]:
+        """Each solver's `options`, the fastest first."""
+        return [
+            sorted(self.options(n), key=lambda g: g.predicted_seconds)
+            for n in range(len(self.solvers))
+        ]
+
+    def _faster_apart(
+        self, plan: Schedule, budget: int, options: list[list[GraphSchedule]]
+    ) -> Schedule:
         """The fastest combination of the schedules each graph's solver knows whose step
         fits, if faster than `plan`: tried in ascending total seconds (best first), so the
         first that fits is the fastest of them; at most MAX_PAIRINGS tried. An equal share of
         each range is rarely where the step is fastest: a two-graph CNN (tests/test_backend.py)
-        costs +11.4% with equal shares from half its range up, +8.9% given apart."""
-        options = [
-            sorted(self.options(n), key=lambda g: g.predicted_seconds)
-            for n in range(len(self.solvers))
-        ]
+        costs +11.4% with equal shares from half its range up, +8.9% given apart. `options`:
+        each solver's, the fastest first (`_options_by_seconds`)."""
 
         def seconds(index: tuple[int, ...]) -> float:
             return self._seconds(options[k][i].predicted_seconds for k, i in enumerate(index))
@@ -725,16 +733,12 @@ class StepSolver:
                     heapq.heappush(queue, (seconds(after), after))
         return plan
 
-    def _descend(self, plan: Schedule, budget: int) -> Schedule:
-        """`plan` with one graph at a time changed to its fastest option that keeps the step
-        within `budget`, until none is faster (LEANEST_ROUNDS rounds at most): where the
-        pairings `_faster_apart` tries run out before one fits, or none fits, the plan is
-        still made faster graph by graph."""
+    def _descend(self, plan: Schedule, budget: int, options: list[list[GraphSchedule]]) -> Schedule:
+        """`plan` with one graph at a time changed to its fastest option (`options`, as
+        `_faster_apart` takes them) that keeps the step within `budget`, until none is faster
+        (LEANEST_ROUNDS rounds at most): where the pairings `_faster_apart` tries run out
+        before one fits, or none fits, the plan is still made faster graph by graph."""
         picks = [plan.graphs[self.solver_of.index(n)] for n in range(len(self.solvers))]
-        options = [
-            sorted(self.options(n), key=lambda g: g.predicted_seconds)
-            for n in range(len(self.solvers))
-        ]
         best = self._seconds(s.predicted_seconds for s in picks)
         changed = False
         for _ in range(LEANEST_ROUNDS):
