@@ -38,7 +38,7 @@ from explorer.solvers.accounting import step_facts
 from explorer.solvers.answers import Answers, relative_gap
 from explorer.solvers.background import BackgroundSearch, search_least_peak
 from explorer.solvers.cache import SolverCache, digest
-from explorer.solvers.floor import StepFloor
+from explorer.solvers.floor import StepFloor, bound_order, spread
 from explorer.solvers.milp import Relaxation, StepMilp
 from explorer.solvers.refine import FASTEST, WHOLE_SHARE, Refined, Refiner, largest_bound
 from explorer.solvers.space import Space, Windows, backward_order, saved_by_liveness
@@ -615,7 +615,7 @@ class Solver:
         left = self.refine_left
         if not self.refiner.worth_whole_runs(FASTEST):  # its searches solved no LP
             left = max(left, LABEL_SECONDS)
-        for budget in _spread(unknown):
+        for budget in spread(unknown):
             if left < max(self.refiner.lp_seconds, 1.0):
                 break
             check_cancel(self.cancel)
@@ -626,12 +626,10 @@ class Solver:
             self.refine_left = max(self.refine_left - spent, 0.0)
 
     def _floors_at(self, budgets: list[int]) -> None:
-        """The floor's LP at `budgets` (ascending), the lowest first, then spread over their
-        range (_spread), the highest last (its bound is the least worth having), until
-        FLOOR_SECONDS have passed; kept in `floors`."""
+        """The floor's LP at `budgets` (ascending, in `bound_order`) until FLOOR_SECONDS
+        have passed; kept in `floors`."""
         deadline = time.perf_counter() + FLOOR_SECONDS
-        order = _spread(budgets[::-1])
-        for budget in [*order[:1], *order[2:], *order[1:2]]:
+        for budget in bound_order(budgets):
             left = deadline - time.perf_counter()
             if left <= 0.0:
                 break
@@ -772,22 +770,6 @@ def _simulated(
     """The simulated schedule of a point of `space` (useless recomputations dropped)."""
     schedule = space.lower(space.prune(windows), fingerprint)
     return evaluate(graph, profile, schedule, baseline_seconds)
-
-
-def _spread(items: list[int]) -> list[int]:
-    """`items` (sorted) in an order that covers their range early: the last, the first,
-    then the middle of the widest stretch between two already taken, and so on."""
-    if len(items) <= 2:
-        return items[::-1]
-    order = [len(items) - 1, 0]
-    stretches = [(0, len(items) - 1)]
-    while stretches:
-        lo, hi = stretches.pop(0)
-        if hi - lo >= 2:
-            mid = (lo + hi) // 2
-            order.append(mid)
-            stretches += [(lo, mid), (mid, hi)]
-    return [items[k] for k in order]
 
 
 def _translate(solved: tuple[StageProblem, list[StageOption]], problem: StageProblem):

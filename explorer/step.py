@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import TypeVar
 
 from explorer.eagerpeaks import EagerPeaks
@@ -61,6 +61,7 @@ from explorer.program import EagerCode, Handoff, StepProgram, compile_program, s
 from explorer.progress import CancelToken
 from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import BEFORE_FORWARD, Timeline, simulate
+from explorer.solvers.joint import JointFloor
 from explorer.solvers.saving import saved_limited, stage_mixes
 from explorer.units import below_minimum
 
@@ -70,6 +71,7 @@ BISECTIONS = 16  # shares tried when several graphs split a budget
 MAX_PAIRINGS = 1000  # combinations of the graphs' known schedules tried for one budget
 LEANEST_ROUNDS = 4  # rounds of one graph at a time changed for the least step peak
 MEMO_SIZE = 20000  # programs and simulations of runs kept by a step's solver
+JOINT_SECONDS = 2.0  # the joint floor's LPs for one call of bound_unknown (one LP at least)
 
 
 @dataclass
@@ -620,9 +622,10 @@ class StepSolver:
 
     def bound_unknown(self, budgets: list[int]) -> dict[int, float]:
         """Lower bounds for solved budgets without one (see Solver.bound_unknown). A single
-        graph's budgets are the step's; several graphs share each budget out, so there every
-        run of a graph is bounded at the most its graph may peak at (`graph_budget`), and the
-        step's bound is the sum over the runs."""
+        graph's budgets are the step's; several graphs share each budget out, so there the
+        step's bound is the better of two: the sum over the runs of each graph's bound at
+        the most it may peak at (`graph_budget`), and the joint floor's (explorer.solvers.
+        joint), which counts what earlier graphs save through the later ones."""
         if self.single:
             beyond = self.beyond_graph_bytes
             found = self.solvers[0].bound_unknown([b - beyond for b in budgets])
@@ -632,13 +635,31 @@ class StepSolver:
             solver.bounds_within([within[k] for within in asked.values() for k in self._runs_of(n)])
             for n, solver in enumerate(self.solvers)
         ]
+        joint = self.joint_floor.bounds(list(asked), JOINT_SECONDS)
         found = {}
         for budget, within in asked.items():
             runs = zip(self.solver_of, within, strict=True)
             total = sum(bounds[n].get(graph_budget, 0.0) for n, graph_budget in runs)
+            total = max(total, joint.get(budget, 0.0))
             if total > 0.0:
                 found[budget] = total
         return found
+
+    @cached_property
+    def joint_floor(self) -> JointFloor:
+        """Several graphs: the floor's LP over all of them (explorer.solvers.joint)."""
+        return JointFloor(
+            [solver.floor for solver in self.solvers],
+            self.solver_of,
+            [-self.graph_budget(run, 0) for run in range(len(self.graphs))],
+            [solver.baseline.predicted_peak_bytes for solver in self.solvers],
+            self.baseline.predicted_peak_bytes,
+        )
+
+    @cached_property
+    def _joint_least_peak(self) -> int | None:
+        """The joint floor's least peak (None: not solved in JOINT_SECONDS)."""
+        return self.joint_floor.least_peak(JOINT_SECONDS)
 
     def graph_budget(self, run: int, budget: int) -> int:
         """The most bytes that run `run`'s graph may peak at, as its own solver counts
@@ -662,19 +683,20 @@ class StepSolver:
 
     def peak_floor(self) -> int | None:
         """Step bytes under which no plan of the solver's space peaks (see
-        Solver.peak_floor). Several graphs: the highest step peak that a run's graph at its
-        own floor implies (`graph_budget` the other way round); None if a graph's floor is
-        not known."""
+        Solver.peak_floor). Several graphs: the higher of the joint floor's least peak
+        (explorer.solvers.joint) and the highest step peak that a run's graph at its own
+        floor implies (`graph_budget` the other way round); None if neither is known."""
         if self.single:
             floor = self.solvers[0].peak_floor()
             return None if floor is None else floor + self.beyond_graph_bytes
         implied = []
         for run, n in enumerate(self.solver_of):
             floor = self.solvers[n].peak_floor()  # kept in the solver's cache once found
-            if floor is None:
-                return None
-            implied.append(floor - self.graph_budget(run, 0))
-        return max(implied)
+            if floor is not None:
+                implied.append(floor - self.graph_budget(run, 0))
+        joint = self._joint_least_peak
+        known = [*implied, *([] if joint is None else [joint])]
+        return max(known) if known else None
 
     def _shared(self, budget: int) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits."""

@@ -31,6 +31,8 @@ weaker, and far from the optimum where recomputations come in chains (docs/BENCH
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pulp
 
@@ -40,129 +42,37 @@ from explorer.solvers.milp import GE, LE, Relaxation, StepMilp, _row, forward_ro
 SLACK = 1e-6  # share of a bound given up for CBC's printed digits (see milp.CARRY_SLACK)
 
 
-class StepFloor:
-    """The relaxation of one step (see module docstring), built once, solved for the least
-    peak or under budgets. Reads the sets StepMilp computes without building its model."""
+@dataclass
+class FloorPart:
+    """One graph's part of a floor LP (StepFloor.add_graph): its memory rows, each `terms +
+    constant <= 0` with the peak's term -1; the recomputation seconds of its variables; the
+    bytes of each storage its forward may save (the variable saying so, with the storage's
+    bytes); the point of a schedule that runs nothing again (it saves what a stage reads;
+    every variable not named is 0); and the variables that are 0 or 1 at every schedule's
+    point (made again, saved)."""
 
-    def __init__(self, milp: StepMilp) -> None:
-        self.milp = milp
-        self.scale = milp.scale
-        self.time_unit = milp.time_unit
+    memory: list[pulp.LpConstraint]
+    seconds: dict[pulp.LpVariable, float]
+    saved_bytes: dict[pulp.LpVariable, int]
+    nothing_again: dict[pulp.LpVariable, float]
+    decisions: list[pulp.LpVariable]
+
+
+class FloorLp:
+    """A floor's LP, built at its first use (`_build`, which sets `peak`, in bytes times
+    `scale`, and `time_cost`, in `time_unit` seconds), solved for the least peak or under
+    budgets."""
+
+    def __init__(self, scale: float, time_unit: float) -> None:
+        self.scale = scale
+        self.time_unit = time_unit
         self.prob: pulp.LpProblem | None = None
+        self.peak: pulp.LpVariable | None = None
+        self.time_cost: pulp.LpAffineExpression | None = None
+        self.decisions: list[pulp.LpVariable] = []  # 0 or 1 at every schedule's point
 
     def _build(self) -> pulp.LpProblem:
-        milp, facts = self.milp, self.milp.facts
-        prob = pulp.LpProblem("floor", pulp.LpMinimize)
-        self.peak = prob.add_variable("peak", 0)
-        storages = {r: s for r, s in facts.storages.items() if not s.held and s.nbytes}
-        # what window 0 may run and what something from stage 0 on may read: each appears in
-        # a row (CBC refuses a model with a column in none)
-        runs = milp.candidates[0] if milp.n else []
-        again = {a: prob.add_variable(f"x{k}", 0, 1) for k, a in enumerate(runs)}
-        useful = sorted(milp.useful[0]) if milp.n else []
-        saved = {r: prob.add_variable(f"s{k}", 0, 1) for k, r in enumerate(useful)}
-        last_stage: dict = {}
-        for i, reads in enumerate(milp.reads):
-            for r in reads:
-                last_stage[r] = i
-
-        def made(r) -> pulp.LpVariable | None:
-            return again.get(milp.maker.get(r) or "")
-
-        for r in last_stage:
-            if r in saved:
-                remade = made(r)
-                terms = {saved[r]: 1} if remade is None else {saved[r]: 1, remade: 1}
-                prob += _row(terms, -1, GE)
-        for a, x in again.items():
-            for u in milp.ops_reads[a]:
-                if u in saved:
-                    remade = made(u)
-                    terms = {x: 1, saved[u]: -1}
-                    if remade is not None:
-                        terms[remade] = -1
-                    prob += _row(terms, 0, LE)
-        kept = [(storages[r], x) for r, x in saved.items() if r in storages]
-        for row in forward_rows(facts, kept, self.peak, self.scale):
-            prob += row
-        pairs = []  # each with `apart`, at least 1 when s is made again and u is not
-        for k, (s, u, nbytes) in enumerate(self._pairs(storages, last_stage)):
-            apart = prob.add_variable(f"p{k}", 0, 1)
-            terms = {apart: 1, made(s): -1}
-            remade = made(u)
-            if remade is not None:
-                terms[remade] = 1
-            prob += _row(terms, 0, GE)
-            pairs.append((s, u, nbytes, apart))
-        self._backward_rows(prob, storages, last_stage, made, pairs)
-        prob += _row({self.peak: -1}, facts.end_bytes * self.scale, LE)
-        # an operator only the backward reads (mobilenet_v2's clone before each ReLU6) is
-        # left out of the forward when it is made again instead of saved: it may cost nothing
-        self.time_cost = pulp.lpSum(
-            milp.seconds.get(a, 0.0) / self.time_unit * x
-            for a, x in again.items()
-            if a not in milp.backward_only
-        )
-        return prob
-
-    def _pairs(self, storages: dict, last_stage: dict) -> list[tuple]:
-        """(s, u, bytes): a storage s some stage reads, made by an operator a whose only such
-        storage is s, and one input storage u of a that no stage reads, each s and u in one
-        pair at most (the largest `bytes`, the smaller of the two, first). Until s's last
-        stage reader, if a runs again and u does not, s or u is allocated: s is needed later,
-        and if it is not kept until then it is made again from u, which, never made again,
-        stays allocated from the forward until then (resnet50: a ReLU's output and its
-        BatchNorm's, which no backward operator reads)."""
-        milp = self.milp
-        options = []
-        for a in milp.candidates[0] if milp.n else []:
-            outs = [r for r in milp.ops_makes[a] if r in storages and r in last_stage]
-            if len(outs) != 1:
-                continue
-            for u in milp.ops_reads[a]:
-                if u in storages and u not in last_stage and u not in outs:
-                    nbytes = min(storages[outs[0]].nbytes, storages[u].nbytes)
-                    options.append((nbytes, outs[0], u))
-        used: set = set()
-        pairs = []
-        for nbytes, s, u in sorted(options, key=lambda o: (-o[0], o[1], o[2])):
-            if s not in used and u not in used:
-                used.update((s, u))
-                pairs.append((s, u, nbytes))
-        return pairs
-
-    def _backward_rows(
-        self, prob: pulp.LpProblem, storages: dict, last_stage: dict, made, pairs: list
-    ) -> None:
-        """At backward operator t: its fixed bytes, the storages it reads or backward views
-        hold, each storage a stage from t on reads, unless made again (`1 - again`), and the
-        bytes of each of `_pairs` whose s a stage from t on reads, if its s is made again and
-        its u is not (`apart >= again[maker(s)] - again[maker(u)]`; s's own term is then 0,
-        and no other term counts u)."""
-        milp, facts, sc = self.milp, self.milp.facts, self.scale
-        stage_at = {t: i for i, t in enumerate(milp.stages)}
-        following = 0  # the first stage at or after t
-        for t in range(len(milp.space.order)):
-            while following < milp.n and milp.stages[following] < t:
-                following += 1
-            now = set(milp.reads[stage_at[t]]) if t in stage_at else set()
-            const = facts.backward_at[t]
-            terms: dict[pulp.LpVariable, float] = {self.peak: -1}
-            for r, s in storages.items():
-                if r in now or s.held_in_backward(t):
-                    const += s.nbytes
-                elif last_stage.get(r, -1) >= following:
-                    const += s.nbytes
-                    remade = made(r)
-                    if remade is not None:
-                        terms[remade] = terms.get(remade, 0.0) - s.nbytes * sc
-            for s, u, nbytes, apart in pairs:
-                if last_stage[s] < following or s in now:
-                    continue
-                if storages[s].held_in_backward(t) or storages[u].held_in_backward(t):
-                    continue
-                terms[apart] = nbytes * sc
-            prob += _row(terms, const * sc, LE)
+        raise NotImplementedError
 
     def _problem(self) -> pulp.LpProblem:
         if self.prob is None:
@@ -195,3 +105,197 @@ class StepFloor:
         if slope is not None:
             slope *= self.time_unit * self.scale  # seconds per byte of budget
         return Relaxation(bound, {}, budget, slope)
+
+    def whole_within(self, budget: int, time_limit: float | None) -> float | None:
+        """The least recomputation seconds within `budget` with every decision whole (made
+        again or not, saved or not), as every schedule's point has them, or the bound CBC
+        proved in `time_limit` (None: none). A bound for every budget up to `budget` too,
+        and often far above the LP's: the fractions the LP takes of many storages and
+        operators are where it is weak (tests/test_several_graphs.py: on two MLPs, 75% of
+        the optimum and exact at the larger budgets, where the LP gives 61% and 35%)."""
+        prob = self._problem()
+        self.peak.upBound = budget * self.scale
+        prob.setObjective(self.time_cost)
+        for x in self.decisions:
+            x.cat = pulp.LpInteger
+        try:
+            outcome = cbc.solve(prob, time_limit)
+        finally:
+            for x in self.decisions:
+                x.cat = pulp.LpContinuous
+        if outcome.bound is None:
+            return None
+        return max(0.0, outcome.bound * self.time_unit * (1 - SLACK))
+
+
+class StepFloor(FloorLp):
+    """The relaxation of one step (see module docstring), built once, solved for the least
+    peak or under budgets. Reads the sets StepMilp computes without building its model."""
+
+    def __init__(self, milp: StepMilp) -> None:
+        super().__init__(milp.scale, milp.time_unit)
+        self.milp = milp
+
+    def _build(self) -> pulp.LpProblem:
+        prob = pulp.LpProblem("floor", pulp.LpMinimize)
+        self.peak = prob.add_variable("peak", 0)
+        part = self.add_graph(prob, self.peak, self.scale)
+        self.decisions = part.decisions
+        for row in part.memory:
+            prob += row
+        self.time_cost = pulp.lpSum(
+            seconds / self.time_unit * x for x, seconds in part.seconds.items()
+        )
+        return prob
+
+    def add_graph(
+        self, prob: pulp.LpProblem, peak: pulp.LpVariable, scale: float, prefix: str = ""
+    ) -> FloorPart:
+        """This graph's variables (named with `prefix`) and the rows between them, added to
+        `prob`; its memory rows, at most `peak` in bytes times `scale`, returned for the
+        caller to add (explorer.solvers.joint adds them once for each run of the graph,
+        moved by what the step holds beside it)."""
+        milp, facts = self.milp, self.milp.facts
+        storages = {r: s for r, s in facts.storages.items() if not s.held and s.nbytes}
+        # what window 0 may run and what something from stage 0 on may read: each appears in
+        # a row (CBC refuses a model with a column in none)
+        runs = milp.candidates[0] if milp.n else []
+        again = {a: prob.add_variable(f"{prefix}x{k}", 0, 1) for k, a in enumerate(runs)}
+        useful = sorted(milp.useful[0]) if milp.n else []
+        saved = {r: prob.add_variable(f"{prefix}s{k}", 0, 1) for k, r in enumerate(useful)}
+        last_stage: dict = {}
+        for i, reads in enumerate(milp.reads):
+            for r in reads:
+                last_stage[r] = i
+
+        def made(r) -> pulp.LpVariable | None:
+            return again.get(milp.maker.get(r) or "")
+
+        for r in last_stage:
+            if r in saved:
+                remade = made(r)
+                terms = {saved[r]: 1} if remade is None else {saved[r]: 1, remade: 1}
+                prob += _row(terms, -1, GE)
+        for a, x in again.items():
+            for u in milp.ops_reads[a]:
+                if u in saved:
+                    remade = made(u)
+                    terms = {x: 1, saved[u]: -1}
+                    if remade is not None:
+                        terms[remade] = -1
+                    prob += _row(terms, 0, LE)
+        kept = [(storages[r], x) for r, x in saved.items() if r in storages]
+        memory = list(forward_rows(facts, kept, peak, scale))
+        pairs = []  # each with `apart`, at least 1 when s is made again and u is not
+        for k, (s, u, nbytes) in enumerate(self._pairs(storages, last_stage)):
+            apart = prob.add_variable(f"{prefix}p{k}", 0, 1)
+            terms = {apart: 1, made(s): -1}
+            remade = made(u)
+            if remade is not None:
+                terms[remade] = 1
+            prob += _row(terms, 0, GE)
+            pairs.append((s, u, nbytes, apart))
+        memory.extend(self._backward_rows(peak, scale, storages, last_stage, made, pairs))
+        memory.append(_row({peak: -1}, facts.end_bytes * scale, LE))
+        # an operator only the backward reads (mobilenet_v2's clone before each ReLU6) is
+        # left out of the forward when it is made again instead of saved: it may cost nothing
+        seconds = {
+            x: milp.seconds.get(a, 0.0) for a, x in again.items() if a not in milp.backward_only
+        }
+        nothing_again = {saved[r]: 1.0 for r in last_stage if r in saved}
+        return FloorPart(
+            memory,
+            seconds,
+            {x: s.nbytes for s, x in kept},
+            nothing_again,
+            [*again.values(), *saved.values()],
+        )
+
+    def _pairs(self, storages: dict, last_stage: dict) -> list[tuple]:
+        """(s, u, bytes): a storage s some stage reads, made by an operator a whose only such
+        storage is s, and one input storage u of a that no stage reads, each s and u in one
+        pair at most (the largest `bytes`, the smaller of the two, first). Until s's last
+        stage reader, if a runs again and u does not, s or u is allocated: s is needed later,
+        and if it is not kept until then it is made again from u, which, never made again,
+        stays allocated from the forward until then (resnet50: a ReLU's output and its
+        BatchNorm's, which no backward operator reads)."""
+        milp = self.milp
+        options = []
+        for a in milp.candidates[0] if milp.n else []:
+            outs = [r for r in milp.ops_makes[a] if r in storages and r in last_stage]
+            if len(outs) != 1:
+                continue
+            for u in milp.ops_reads[a]:
+                if u in storages and u not in last_stage and u not in outs:
+                    nbytes = min(storages[outs[0]].nbytes, storages[u].nbytes)
+                    options.append((nbytes, outs[0], u))
+        used: set = set()
+        pairs = []
+        for nbytes, s, u in sorted(options, key=lambda o: (-o[0], o[1], o[2])):
+            if s not in used and u not in used:
+                used.update((s, u))
+                pairs.append((s, u, nbytes))
+        return pairs
+
+    def _backward_rows(
+        self,
+        peak: pulp.LpVariable,
+        scale: float,
+        storages: dict,
+        last_stage: dict,
+        made,
+        pairs: list,
+    ) -> Iterator[pulp.LpConstraint]:
+        """At backward operator t: its fixed bytes, the storages it reads or backward views
+        hold, each storage a stage from t on reads, unless made again (`1 - again`), and the
+        bytes of each of `_pairs` whose s a stage from t on reads, if its s is made again and
+        its u is not (`apart >= again[maker(s)] - again[maker(u)]`; s's own term is then 0,
+        and no other term counts u)."""
+        milp, facts, sc = self.milp, self.milp.facts, scale
+        stage_at = {t: i for i, t in enumerate(milp.stages)}
+        following = 0  # the first stage at or after t
+        for t in range(len(milp.space.order)):
+            while following < milp.n and milp.stages[following] < t:
+                following += 1
+            now = set(milp.reads[stage_at[t]]) if t in stage_at else set()
+            const = facts.backward_at[t]
+            terms: dict[pulp.LpVariable, float] = {peak: -1}
+            for r, s in storages.items():
+                if r in now or s.held_in_backward(t):
+                    const += s.nbytes
+                elif last_stage.get(r, -1) >= following:
+                    const += s.nbytes
+                    remade = made(r)
+                    if remade is not None:
+                        terms[remade] = terms.get(remade, 0.0) - s.nbytes * sc
+            for s, u, nbytes, apart in pairs:
+                if last_stage[s] < following or s in now:
+                    continue
+                if storages[s].held_in_backward(t) or storages[u].held_in_backward(t):
+                    continue
+                terms[apart] = nbytes * sc
+            yield _row(terms, const * sc, LE)
+
+
+def spread(items: list[int]) -> list[int]:
+    """`items` (sorted) in an order that covers their range early: the last, the first,
+    then the middle of the widest stretch between two already taken, and so on."""
+    if len(items) <= 2:
+        return items[::-1]
+    order = [len(items) - 1, 0]
+    stretches = [(0, len(items) - 1)]
+    while stretches:
+        lo, hi = stretches.pop(0)
+        if hi - lo >= 2:
+            mid = (lo + hi) // 2
+            order.append(mid)
+            stretches += [(lo, mid), (mid, hi)]
+    return [items[k] for k in order]
+
+
+def bound_order(budgets: list[int]) -> list[int]:
+    """`budgets` (ascending) in the order their floors are worth solving in a time limit:
+    the lowest first, then spread over their range (`spread`), the highest last (its bound
+    is the least worth having)."""
+    order = spread(budgets[::-1])
+    return [*order[:1], *order[2:], *order[1:2]]

@@ -1022,8 +1022,12 @@ def _is_one(x: pulp.LpVariable) -> bool:
 
 
 def _byte_scale(facts: StepFacts) -> float:
-    """A power of two that brings the largest byte count near 2**12 (exact in floating point)."""
-    largest = max(
-        [facts.end_bytes, *facts.forward_const, *facts.backward_at, facts.after_forward or 0, 1]
+    """`byte_scale` of the step's largest fixed byte count."""
+    return byte_scale(
+        max([facts.end_bytes, *facts.forward_const, *facts.backward_at, facts.after_forward or 0])
     )
-    return 2.0 ** -(max(0, largest.bit_length() - 12))
+
+
+def byte_scale(largest: int) -> float:
+    """A power of two that brings `largest` bytes near 2**12 (exact in floating point)."""
+    return 2.0 ** -(max(0, max(largest, 1).bit_length() - 12))
