@@ -58,7 +58,7 @@ import contextlib
 import math
 import statistics
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -584,6 +584,18 @@ class _Steps:
             out = training_step(model, step_args, self.seed, step_kwargs, loss=self.loss)
         return out, step_args, step_kwargs
 
+    @contextlib.contextmanager
+    def prepared(self, model) -> Iterator[Callable[[], Any]]:
+        """One more step of `model`, started as the plan starts (its gradients cleared,
+        unless the plan holds them) on fresh inputs under the step's autocast: the step,
+        for the caller to meter or time, whose inputs are put back after it."""
+        step_args, step_kwargs = _fresh_inputs(*self.inputs)
+        if not self.held:
+            clear_grads(model, (step_args, step_kwargs))
+        with step_autocast(self.device, self.autocast):
+            yield lambda: training_step(model, step_args, self.seed, step_kwargs, loss=self.loss)
+        self.values.restore()
+
 
 def _first_steps(models: list, steps: _Steps) -> None:
     """One step of each model, whose gradients the compared step adds to."""
@@ -739,12 +751,8 @@ def _cuda_peaks(reference, wrapped, steps: _Steps) -> tuple[int, int, int, int]:
     allocator, and the scheduled step's allocated and reserved peaks."""
     peaks = []
     for model in (reference, wrapped):
-        step_args, step_kwargs = _fresh_inputs(*steps.inputs)
-        if not steps.held:
-            clear_grads(model, (step_args, step_kwargs))
-        with step_autocast(steps.device, steps.autocast), LiveBytesTracker(steps.device) as meter:
-            training_step(model, step_args, steps.seed, step_kwargs, loss=steps.loss)
-        steps.values.restore()
+        with steps.prepared(model) as step, LiveBytesTracker(steps.device) as meter:
+            step()
         peaks.append(meter)
     ref, new = peaks
     return ref.peak_bytes, new.peak_bytes, new.peak_allocated_bytes, new.peak_reserved_bytes
@@ -807,18 +815,10 @@ def _timings(
         sides = ((reference, ref_times, ref_faults), (wrapped, new_times, new_faults))
         for model, times, faults in sides:
             check_cancel(cancel)
-            step_args, step_kwargs = _fresh_inputs(*steps.inputs)
-            if not steps.held:  # start as the plan does: without gradients, unless it holds them
-                clear_grads(model, (step_args, step_kwargs))
-
-            def step(m=model, a=step_args, k=step_kwargs) -> None:
-                training_step(m, a, steps.seed, k, loss=steps.loss)
-
-            with step_autocast(dev, steps.autocast):
+            with steps.prepared(model) as step:
                 taken, faulted = faults_of(lambda s=step: time_step(s, dev))
             times.append(taken)
             faults.append(faulted)
-            steps.values.restore()
     ref_s, new_s = statistics.median(ref_times), statistics.median(new_times)
     rounds = sorted(new / ref - 1 for new, ref in zip(new_times, ref_times, strict=True))
     quartiles = statistics.quantiles(rounds, n=4, method="inclusive")
