@@ -46,8 +46,8 @@ from explorer.schedule import Schedule
 from explorer.simulate import Timeline
 from explorer.solvers.registry import DEFAULT as DEFAULT_SOLVER
 from explorer.solvers.registry import make_solver, search_seconds
-from explorer.step import StepSolver
 from explorer.stepcost import CAPTURED_AT_EVERY_CALL, StepTimes, measure_step_times
+from explorer.stepsolver import StepSolver
 from explorer.sweep import Front, sweep_budgets
 from explorer.timingrounds import timing_seconds
 from explorer.units import parse_budget

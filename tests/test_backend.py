@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import explorer
-from explorer import step as step_module
+from explorer import stepsolver
 from explorer.backend import (
     EXACT,
     MAPPED,
@@ -996,7 +996,7 @@ def test_a_step_of_two_graphs_takes_the_fastest_pairing_its_graphs_know(monkeypa
     # The drop pass that ends each answer (explorer.solvers.dropping) goes past every
     # pairing; here it has no time, so that what is checked is the pairings' search.
     # catches: the equal share alone
-    monkeypatch.setattr(step_module, "DROP_SECONDS", 0.0)
+    monkeypatch.setattr(stepsolver, "DROP_SECONDS", 0.0)
     torch.manual_seed(0)
     plan = explorer.Planner(_TwoConvHalves(), torch.randn(8, 3, 16, 16))
     graphs = plan.capture()

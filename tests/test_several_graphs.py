@@ -24,13 +24,13 @@ from test_backend import (
 from torch import nn
 
 import explorer
-from explorer import step as step_module
+from explorer import stepsolver
 from explorer.costmodel import analytic_profile
 from explorer.errors import BelowMinimum
 from explorer.profile import StepProfile
 from explorer.schedule import GraphSchedule
 from explorer.solvers.joint import JointFloor
-from explorer.step import StepSolver
+from explorer.stepsolver import StepSolver
 
 
 class _WideForwardThenLargeLayer(nn.Module):
@@ -213,8 +213,8 @@ def test_a_step_of_several_graphs_is_planned_and_bounded_as_every_pairing_shows(
     # (explorer.solvers.saving), bounds above the optimum (an invalid per-graph budget), the
     # joint floor left out, or solved only as an LP (`bounded`), the drop pass left out
     # (explorer.solvers.dropping), or run from the plan alone (`table_within`)
-    monkeypatch.setattr(step_module, "JOINT_SECONDS", 60.0)  # every budget's, however busy
-    monkeypatch.setattr(step_module, "DROP_SECONDS", 60.0)
+    monkeypatch.setattr(stepsolver, "JOINT_SECONDS", 60.0)  # every budget's, however busy
+    monkeypatch.setattr(stepsolver, "DROP_SECONDS", 60.0)
     step = _step(name, "chain")
     pairings = _every_pairing(step)
     least = min(peak for peak, _ in pairings)
@@ -247,7 +247,7 @@ def test_a_step_whose_pairing_search_runs_out_is_made_faster_graph_by_graph(monk
     # Here no pairing is tried at all: each graph in turn taking its fastest option that
     # fits still reaches the best pairing. catches: the descent left out (2.0 times the best
     # from the middle budgets up)
-    monkeypatch.setattr(step_module, "MAX_PAIRINGS", 0)
+    monkeypatch.setattr(stepsolver, "MAX_PAIRINGS", 0)
     step = _step("two graphs", "chain")
     pairings = _every_pairing(step)
     least = min(peak for peak, _ in pairings)

@@ -47,7 +47,7 @@ from explorer.solvers.refine import (
 )
 from explorer.solvers.registry import make_solver
 from explorer.stage_ilp import build_problem, keep_all_option, solve_option
-from explorer.step import StepSolver
+from explorer.stepsolver import StepSolver
 from explorer.sweep import (
     LOWER_ASKS,
     Front,

@@ -1,7 +1,7 @@
 """Recomputations dropped one at a time from a step's plan, the step's own peak the judge.
 
 A graph's solver chooses what its graph runs again for the graph's own peak. In a step of
-several graphs (explorer.step) the step's peak is what counts, and a graph the step runs
+several graphs (explorer.stepsolver) the step's peak is what counts, and a graph the step runs
 several times (a loop's) pays for its recomputations at every run: a plan made of the
 graphs' own answers can recompute in one graph what another could have recomputed for less
 (a loop's block recomputing at each of three runs what the first graph could recompute once,
@@ -26,7 +26,7 @@ from explorer.schedule import GraphSchedule
 from explorer.solvers.space import Windows
 
 if TYPE_CHECKING:
-    from explorer.step import StepSolver
+    from explorer.stepsolver import StepSolver
 
 ALL_WINDOWS = -1  # a move that drops an operator from every window it runs in
 
