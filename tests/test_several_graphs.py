@@ -208,7 +208,7 @@ def test_a_step_of_several_graphs_is_planned_and_bounded_as_every_pairing_shows(
     # 380,192 bytes where the least pairing peaks at 266,272, four of six budgets refused.
     # A loop's block, its graph run three times after a first graph of its own (1,600
     # pairings): 1.125 times the best pairing's seconds at its least peak, and the table's
-    # solver 1.5 times at three budgets of six, before the drop pass.
+    # solver 1.2 to 1.5 times at four budgets of six, before the drop pass.
     # catches: the minimum as each graph's own, no schedules that save less
     # (explorer.solvers.saving), bounds above the optimum (an invalid per-graph budget), the
     # joint floor left out, or solved only as an LP (`bounded`), the drop pass left out
