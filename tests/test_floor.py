@@ -35,7 +35,8 @@ def test_no_point_of_the_space_is_under_the_floor(seed, n_ops, handed):
     # budget: every point of the space is enumerated and compared with the floors. (The
     # module as it is passed this on seeds 0 to 79 of 5 and 6 operators.) `handed`: the
     # tangent a loss hands the backward, counted through the whole backward where the step
-    # frees it after its last use
+    # frees it after its last use. The same model with its decisions whole (whole_within)
+    # bounds them too, and no lower than the LP
     head = 64 if handed else 4
     graph, profile = random_step(random.Random(seed), n_ops, head_bytes=head, handed=handed)
     solver = make_solver("table", graph, profile)
@@ -51,6 +52,8 @@ def test_no_point_of_the_space_is_under_the_floor(seed, n_ops, handed):
         relaxed = floor.within(peak, None)
         assert relaxed is not None
         assert relaxed.bound <= best - base + 1e-9
+        whole = floor.whole_within(peak, None)  # its decisions whole (a step's joint floor)
+        assert whole is not None and relaxed.bound - 1e-9 <= whole <= best - base + 1e-9
         for other in sorted({p for p, _, _ in points}):  # what the LP carries to others
             if other >= least:
                 carried = relaxed.bound_at(other)
