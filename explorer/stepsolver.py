@@ -416,7 +416,9 @@ class StepSolver:
         return max(known) if known else None
 
     def _shared(self, budget: int) -> Schedule:
-        """Several graphs: the largest common share of each graph's range that fits."""
+        """Several graphs: the largest common share of each graph's range that fits, then
+        the fastest pairing of the graphs' options that fits (`_faster_apart`), each graph
+        in turn faster (`_descend`), and recomputations dropped (`_dropped`)."""
         lowest = self.minimum()
         if lowest.predicted_peak_bytes > budget:
             raise self._below_minimum(budget, lowest.predicted_peak_bytes)

@@ -37,16 +37,18 @@ def drop_pass(
     """`picks` (one schedule per solver, their step within `budget`) with recomputations
     dropped while the step stays within `budget` (see the module docstring), until no pass
     drops one or `deadline` (time.perf_counter) passes."""
+    windows = [
+        solver.space.windows_of(pick) for solver, pick in zip(step.solvers, picks, strict=True)
+    ]
     dropped_one = True
     while dropped_one:
         dropped_one = False
-        for _, n, window, name in _moves(step, picks):
+        for _, n, window, name in _moves(step, windows):
             if time.perf_counter() >= deadline:
                 return picks
             solver = step.solvers[n]
             check_cancel(solver.cancel)
-            windows = solver.space.windows_of(picks[n])
-            trial_windows = _without(windows, window, name) if windows is not None else None
+            trial_windows = _without(windows[n], window, name)
             if trial_windows is None:
                 continue  # an earlier drop took it
             try:
@@ -58,24 +60,24 @@ def drop_pass(
             trial = [*picks[:n], schedule, *picks[n + 1 :]]
             if step.peak(step.each_graph(trial)) <= budget:
                 picks, dropped_one = trial, True
+                windows[n] = solver.space.windows_of(schedule)  # pruned as it was lowered
     return picks
 
 
-def _moves(step: StepSolver, picks: list[GraphSchedule]) -> list[tuple[float, int, int, str]]:
+def _moves(step: StepSolver, windows: list[Windows | None]) -> list[tuple[float, int, int, str]]:
     """(the step's seconds it saves at most, solver, window or ALL_WINDOWS, operator) of every
-    drop from `picks`, the costliest first. A schedule in autograd's own backward order
-    (a baseline) recomputes nothing: it has none."""
+    drop from the solvers' `windows`, the costliest first. A schedule in autograd's own
+    backward order (a baseline: windows None) recomputes nothing: it has none."""
     moves = []
     for n, solver in enumerate(step.solvers):
-        windows = solver.space.windows_of(picks[n])
-        if windows is None:
+        if windows[n] is None:
             continue
         runs = step.runs[n]
-        for t, window in enumerate(windows):
+        for t, window in enumerate(windows[n]):
             for name in window:
                 moves.append((solver.seconds.get(name, 0.0) * runs, n, t, name))
-        for name in {name for window in windows for name in window}:
-            count = sum(name in window for window in windows)
+        for name in {name for window in windows[n] for name in window}:
+            count = sum(name in window for window in windows[n])
             moves.append((solver.seconds.get(name, 0.0) * runs * count, n, ALL_WINDOWS, name))
     return sorted(moves, key=lambda move: -move[0])
 
