@@ -19,9 +19,11 @@ of the outputs). Every row of the report is a check that can fail:
   bf16 dropout's scaling where eager does not); the row says which. A missing output or
   gradient on either side is a failure;
 - where neither holds, the error against the exact answer decides, as PyTorch's own accuracy
-  checks of compiled models decide: the same step is run once more in float64, and each tensor
-  of the schedule must be no further from it (root mean square) than `FLOAT64_MULTIPLIER`
-  times the unmodified model's tensor is, plus `ATOL_SCALE * max|float64|`. This is what a GPU
+  checks of compiled models decide: the same step is run once more in float64 (where the plan
+  holds gradients, after a float64 first step of its own: each side's first step is as far
+  from the exact one as its second), and each tensor of the schedule must be no further from
+  it (root mean square) than `FLOAT64_MULTIPLIER` times the unmodified model's tensor is, plus
+  `ATOL_SCALE * max|float64|`. This is what a GPU
   needs: the captured graph runs other kernels than eager PyTorch (BatchNorm's own CUDA kernel
   where eager calls cuDNN's), and convolutions run in TF32, so a correct schedule differs from
   eager in the fourth digit and a wrong one by far more. On CUDA both steps run with
@@ -439,7 +441,7 @@ def verify(
     held = bool(made_for.get("gradients_held"))
     steps = _Steps((args, kwargs), values, seed, autocast, loss, held, path, schedule)
     if held:  # planned for steps that add to the gradients of an earlier one: make them
-        _first_steps([reference, wrapped, exact_model], steps)
+        _first_steps([reference, wrapped], steps)  # the float64 model's first is float64 too
         static += tensor_bytes([p.grad for p in candidate.parameters() if p.grad is not None])
 
     versions = _versions(reference), _versions(candidate)
@@ -505,6 +507,10 @@ def verify(
         exact, failure = {}, ""
         try:
             with _deterministic(dev):
+                if held:  # the exact gradients the compared step adds to: each side's first
+                    # step differs from the exact one as its second does, so both are float64
+                    _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out, loss)
+                    values.restore()
                 exact = _float64_step(exact_model, args, kwargs, seed, needs_grad, ref_out, loss)
         except (RuntimeError, TypeError) as exc:  # out of memory, or no float64 kernel
             failure = f"the float64 step could not run ({first_line(exc)})"
