@@ -49,6 +49,8 @@ Contract, for users of the wrapped module:
   run once, in the forward; a CPU dropout mask the schedule recomputes is drawn again from the
   generator state saved before its draw, and the generator is put back (explorer.rngreplay);
 - with gradients disabled the model runs unchanged (no capture at all);
+- a parameter that no output the loss reads depends on keeps `.grad` None, as in eager
+  (explorer.unreached), so optimizers skip it;
 - a second backward with `retain_graph=True` works, and so do input gradients with
   `create_graph=True`; differentiating those again (double backward, as a WGAN-GP gradient
   penalty does) is refused by AOTAutograd with its own error, as for any compiled module: run
@@ -103,6 +105,7 @@ from explorer.schedule import GraphSchedule, Schedule
 from explorer.simulate import simulate
 from explorer.symsizes import SizedGraph, Sizes, binding_sources, sizes_in
 from explorer.units import format_bytes
+from explorer.unreached import leaving_unreached, tangent_outputs, watch_outputs
 
 EXACT, RESIZED, MAPPED = "exact", "same structure, other sizes", "carried over"
 RECOMPILES = 64  # captures of one wrapped model before Dynamo's limit: a RematError
@@ -194,6 +197,7 @@ class RematBackend:
         # each planned graph's forward outputs come before its saved values
         self._saved: list[weakref.ref] = []
         self._forward_outputs: dict[int, int] = {}
+        self._tangents: dict[int, dict[int, str]] = {}  # explorer.unreached.tangent_outputs
         self._partitioned = 0  # graphs planned so far
         self._planned: int | None = None  # the graph just planned, until its forward compiles
         # the graphs captured at fixed sizes, with their schedules: a graph captured later
@@ -209,7 +213,18 @@ class RematBackend:
         )
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Any:
-        return self._compile(gm, example_inputs)
+        before = self._partitioned
+        compiled = self._compile(gm, example_inputs)
+        if self._partitioned == before:  # no training graph: nothing to watch
+            return compiled
+        tangents = self._tangents[self._partitioned]
+
+        def run(*args: Any) -> Any:
+            outputs = compiled(*args)
+            watch_outputs(outputs, tangents)  # gradients no used output reaches stay None
+            return outputs
+
+        return run
 
     def _compile_forward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
         """The forward, counting its runs when it is a planned graph's (not an inference
@@ -238,7 +253,7 @@ class RematBackend:
         return counted
 
     def _compile_backward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
-        return _boxed(gm, example_inputs)
+        return leaving_unreached(gm, _boxed(gm, example_inputs))
 
     def _note_saved(self, result: Any, outputs: int, given: set[int]) -> None:
         """Keep weak references to the activations a forward run saved: its saved values but
@@ -289,6 +304,7 @@ class RematBackend:
         number = self._planned = self._partitioned
         self.counted_runs[number] = _runs_planned(self.schedules, graph)
         self._forward_outputs[number] = num_fwd_outputs
+        self._tangents[number] = tangent_outputs(joint, num_fwd_outputs)
         schedule = self._schedule_for(joint, graph, num_fwd_outputs, sizes)
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it

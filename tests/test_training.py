@@ -370,3 +370,54 @@ def test_moco_is_planned_left_as_it_was_and_measured_to_the_byte(quick_search):
     rows = {r.quantity: r for r in report.rows}
     assert rows["parameters written in place"].measured == "bitwise equal"
     assert abs(rows["peak memory (bytes)"].measured - rows["peak memory (bytes)"].predicted) <= 8
+
+
+class _TwoHeads(nn.Module):
+    """A trunk and two heads, one per task; `split` puts a graph break between the trunk and
+    the heads (the heads' graph hands the trunk's graph no gradient for a head no loss
+    reads). The second head returns a view, which AOTAutograd regenerates from its base."""
+
+    def __init__(self, split: bool) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
+        self.first = nn.Linear(64, 4)
+        self.second = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 6))
+        self.side = nn.Linear(16, 8)  # read by its own output alone
+        self.split = split
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.trunk(x)
+        if self.split:
+            torch._dynamo.graph_break()
+        return self.first(h), self.second(h).view(-1, 2, 3), self.side(x)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one graph", "two graphs"])
+def test_a_multi_task_loop_leaves_the_heads_it_skips_alone(tmp_path, split):
+    # eager PyTorch leaves .grad None for parameters no output the loss reads depends on,
+    # and optimizers skip them; a compiled backward gave them gradients of zeros, so AdamW
+    # decayed the skipped head and SGD's momentum kept moving it (GoogLeNet's auxiliary
+    # heads with a loss on the logits alone: 4e-5 apart after four AdamW steps). catches:
+    # the backward's gradients returned as computed (explorer.unreached)
+    torch.manual_seed(0)
+    model, x = _TwoHeads(split), torch.randn(32, 16)
+    plan = explorer.Planner(model, (x,))
+    schedule = plan.sweep(points=3).points[0].schedule
+    assert schedule.recomputed_ops()
+    wrapped = import_schedule(schedule.export(tmp_path / "heads.py")).wrap(copy.deepcopy(model))
+    reference = copy.deepcopy(model)
+    tasks = [[0], [1], [0], [1, 2], [2]]  # the outputs each step's loss reads
+    skipped = {0: ["second", "side"], 1: ["first", "side"], 2: ["trunk", "first", "second"]}
+    for make in (lambda p: torch.optim.AdamW(p, lr=1e-2), lambda p: torch.optim.SGD(p, 0.1, 0.9)):
+        runs = [(reference, make(reference.parameters())), (wrapped, make(wrapped.parameters()))]
+        for task in tasks:
+            for run, opt in runs:
+                opt.zero_grad(set_to_none=True)
+                outputs = run(x)
+                sum(outputs[k].square().mean() for k in task).backward()
+                opt.step()
+            unused = {n for n, p in reference.named_parameters() if p.grad is None}
+            assert {n for n, p in wrapped.model.named_parameters() if p.grad is None} == unused
+            if len(task) == 1:
+                assert {n.split(".")[0] for n in unused} == set(skipped[task[0]])
+            assert _same_state(reference, wrapped.model), task

@@ -1,0 +1,122 @@
+"""Gradients that no output the loss reads reaches stay None, as eager PyTorch leaves them.
+
+Eager autograd leaves a parameter's `.grad` None when nothing the backward starts from
+depends on it: GoogLeNet's auxiliary heads when the loss reads only the logits, a pooler a
+loss never reads, the head a multi-task loop skips this step. A compiled graph's backward
+node is given a tangent for each of its outputs (autograd fills in zeros for those that get
+no gradient before AOTAutograd's backward runs), so every parameter the graph reads gets a
+gradient, of zeros: AdamW then decays those weights and momentum moves them, where the
+unmodified model leaves them alone (GoogLeNet's auxiliary heads under AdamW: 4e-5 apart
+after four steps). `torch.compile` itself does so.
+
+Here each forward run's backward node gets a pre-hook, which sees the outputs that get no
+gradient as None (before the zeros are filled in) and notes their tangents; the backward that
+runs next on that thread (the node's own: the engine runs a node's pre-hooks, then the node)
+returns None for every gradient that depends on those tangents alone. A tangent is matched
+to its output by the descriptors AOTAutograd gives the joint graph (`TangentAOTInput`); a
+joint graph without them leaves every gradient as computed, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from explorer.fxgraph import is_tangent
+
+_pending = threading.local()  # the tangents the next backward on this thread does not get
+
+
+def tangent_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> dict[int, str]:
+    """The tangent placeholder of each forward output that has one, by the output's position
+    among the backward node's outputs (the joint graph's first `num_fwd_outputs` outputs);
+    empty where the joint graph carries no descriptors."""
+    (output,) = joint.graph.find_nodes(op="output")
+    descriptors = output.meta.get("desc")
+    if not descriptors:
+        return {}
+    position = {desc: k for k, desc in enumerate(descriptors[:num_fwd_outputs])}
+    found = {}
+    for node in joint.graph.find_nodes(op="placeholder"):
+        made_for = getattr(node.meta.get("desc"), "output", None)
+        if is_tangent(node) and made_for in position:
+            found[position[made_for]] = node.name
+    return found
+
+
+def watch_outputs(outputs: Any, tangents: dict[int, str]) -> None:
+    """Give the backward node of one forward run (`outputs`: what the compiled graph
+    returned) a pre-hook that notes which of `tangents` its outputs do not get."""
+    if not tangents or not isinstance(outputs, (list, tuple)):
+        return
+    node = _compiled_node(outputs)
+    if node is None:
+        return
+
+    def note_missing(grad_outputs: tuple) -> None:
+        _pending.missing = frozenset(
+            name
+            for k, name in tangents.items()
+            if k < len(grad_outputs) and grad_outputs[k] is None
+        )
+
+    node.register_prehook(note_missing)
+
+
+def _compiled_node(outputs: list | tuple) -> Any:
+    """The autograd node of AOTAutograd's compiled function behind `outputs` (an output may
+    be a view regenerated from it, one node or more away); None if none is found."""
+    todo = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set = set()
+    while todo:
+        node = todo.pop(0)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "CompiledFunctionBackward" in node.name():
+            return node
+        todo += [following for following, _ in node.next_functions]
+    return None
+
+
+def leaving_unreached(gm: fx.GraphModule, run: Callable[[list], Any]) -> Callable[[list], Any]:
+    """`run`, the boxed backward of `gm`, returning None for each gradient that depends only
+    on tangents the pre-hook noted as not given. A noted tangent that is not all zeros (a
+    note left by a backward that failed before it ran) is not taken as missing."""
+    places = {n.name: k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    tangents = {name for name in places if name.startswith("tangents")}
+    reads = _tangents_read(gm, tangents)
+
+    def backward(args: list) -> Any:
+        noted = getattr(_pending, "missing", frozenset())
+        _pending.missing = frozenset()
+        missing = {name for name in noted & tangents if _all_zero(args[places[name]])}
+        results = run(args)
+        if not missing:
+            return results
+        return [
+            None if read and read <= missing else result
+            for result, read in zip(results, reads, strict=True)
+        ]
+
+    backward._boxed_call = True  # type: ignore[attr-defined]
+    return backward
+
+
+def _all_zero(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not bool(value.any())
+
+
+def _tangents_read(gm: fx.GraphModule, tangents: set[str]) -> list[frozenset[str] | None]:
+    """For each output of `gm`, the tangents it depends on (None for an output that is not
+    a node)."""
+    read: dict[fx.Node, frozenset[str]] = {}
+    for node in gm.graph.nodes:
+        own = frozenset([node.name]) if node.name in tangents else frozenset()
+        read[node] = own.union(*(read[i] for i in node.all_input_nodes))
+    (output,) = gm.graph.find_nodes(op="output")
+    return [read[v] if isinstance(v, fx.Node) else None for v in output.args[0]]
