@@ -108,7 +108,11 @@ def leaving_unreached(gm: fx.GraphModule, run: Callable[[list], Any]) -> Callabl
 
 
 def _all_zero(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not bool(value.any())
+    """A tensor of zeros, as autograd fills in (a meta tensor, which holds no values, is
+    taken as one: a plan for a device by name runs its steps on them)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    return value.is_meta or not bool(value.any())
 
 
 def _tangents_read(gm: fx.GraphModule, tangents: set[str]) -> list[frozenset[str] | None]:
