@@ -421,3 +421,12 @@ def test_a_multi_task_loop_leaves_the_heads_it_skips_alone(tmp_path, split):
             if len(task) == 1:
                 assert {n.split(".")[0] for n in unused} == set(skipped[task[0]])
             assert _same_state(reference, wrapped.model), task
+    # torch.autograd.grad says the same: None for what the outputs asked about never reach
+    reference.zero_grad(set_to_none=True)
+    wrapped.zero_grad(set_to_none=True)
+    found = [
+        torch.autograd.grad(run(x)[1].sum(), list(params), allow_unused=True)
+        for run, params in ((reference, reference.parameters()), (wrapped, wrapped.parameters()))
+    ]
+    assert [g is None for g in found[0]] == [g is None for g in found[1]]
+    assert sum(g is None for g in found[0]) == 4  # `first` and `side`
