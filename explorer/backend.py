@@ -221,7 +221,7 @@ class RematBackend:
 
         def run(*args: Any) -> Any:
             outputs = compiled(*args)
-            watch_outputs(outputs, tangents)  # gradients no used output reaches stay None
+            watch_outputs(args, outputs, tangents)  # what no used output reaches stays None
             return outputs
 
         return run

@@ -48,12 +48,13 @@ def tangent_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> dict[int, st
     return found
 
 
-def watch_outputs(outputs: Any, tangents: dict[int, str]) -> None:
-    """Give the backward node of one forward run (`outputs`: what the compiled graph
-    returned) a pre-hook that notes which of `tangents` its outputs do not get."""
+def watch_outputs(inputs: Any, outputs: Any, tangents: dict[int, str]) -> None:
+    """Give the backward node of one forward run (`inputs`: what the compiled graph was
+    given; `outputs`: what it returned) a pre-hook that notes which of `tangents` its
+    outputs do not get."""
     if not tangents or not isinstance(outputs, (list, tuple)):
         return
-    node = _compiled_node(outputs)
+    node = _compiled_node(inputs, outputs)
     if node is None:
         return
 
@@ -67,20 +68,31 @@ def watch_outputs(outputs: Any, tangents: dict[int, str]) -> None:
     node.register_prehook(note_missing)
 
 
-def _compiled_node(outputs: list | tuple) -> Any:
-    """The autograd node of AOTAutograd's compiled function behind `outputs` (an output may
-    be a view regenerated from it, one node or more away); None if none is found."""
-    todo = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen: set = set()
+def _compiled_node(inputs: Any, outputs: list | tuple) -> Any:
+    """The autograd node this run of AOTAutograd's compiled function made: reached from
+    `outputs` (an output may be a view regenerated from it) without passing through an
+    input's node, which an output that is an input, or a view of one, leads to (an earlier
+    graph's node, whose tangents are others). None if no such node, or more than one, is
+    found: the run's gradients are then left as computed."""
+    # nodes by id, each held so that its id stays its own while this runs
+    given = {id(node): node for node in _nodes_of(inputs)}
+    todo = _nodes_of(outputs)
+    seen: dict[int, Any] = {}
+    found = []
     while todo:
         node = todo.pop(0)
-        if node is None or node in seen:
+        if node is None or id(node) in seen or id(node) in given:
             continue
-        seen.add(node)
+        seen[id(node)] = node
         if "CompiledFunctionBackward" in node.name():
-            return node
-        todo += [following for following, _ in node.next_functions]
-    return None
+            found.append(node)
+        else:
+            todo += [following for following, _ in node.next_functions]
+    return found[0] if len(found) == 1 else None
+
+
+def _nodes_of(tensors: Any) -> list:
+    return [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
 
 def leaving_unreached(gm: fx.GraphModule, run: Callable[[list], Any]) -> Callable[[list], Any]:

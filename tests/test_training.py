@@ -392,6 +392,46 @@ class _TwoHeads(nn.Module):
         return self.first(h), self.second(h).view(-1, 2, 3), self.side(x)
 
 
+class _HandsOnAViewOfItsInput(nn.Module):
+    """Two graphs; the second returns a slice of its input (the first graph's output),
+    which AOTAutograd makes outside its compiled function, from the first graph's autograd
+    node, beside its own result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
+        self.first = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+        self.second = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.trunk(x)
+        torch._dynamo.graph_break()
+        return h[:, :8], self.first(h), self.second(h)
+
+
+def test_a_loss_on_a_view_of_an_earlier_graphs_output_leaves_the_head_alone(tmp_path):
+    # the second graph's autograd node is found from its outputs without passing through
+    # its inputs' nodes. catches: the first graph's node, reached through the slice, taken
+    # for one of the second graph's (two nodes: none is watched, and the head no loss reads
+    # got gradients of zeros)
+    torch.manual_seed(0)
+    model, x = _HandsOnAViewOfItsInput(), torch.randn(32, 16)
+    plan = explorer.Planner(model, (x,))
+    schedule = plan.sweep(points=3).points[0].schedule
+    wrapped = import_schedule(schedule.export(tmp_path / "view.py")).wrap(copy.deepcopy(model))
+    reference = copy.deepcopy(model)
+    for run in (reference, wrapped):
+        outputs = run(x)
+        (outputs[0].square().mean() + outputs[1].square().mean()).backward()
+    assert [p.grad is None for p in wrapped.parameters()] == [
+        p.grad is None for p in reference.parameters()
+    ]
+    assert all(p.grad is None for p in reference.second.parameters())
+    assert _same_state(reference, wrapped.model)
+    for a, b in zip(reference.parameters(), wrapped.parameters(), strict=True):
+        assert a.grad is None or torch.equal(a.grad, b.grad)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one graph", "two graphs"])
 def test_a_multi_task_loop_leaves_the_heads_it_skips_alone(tmp_path, split):
     # eager PyTorch leaves .grad None for parameters no output the loss reads depends on,
