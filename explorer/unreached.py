@@ -99,8 +99,9 @@ def leaving_unreached(gm: fx.GraphModule, run: Callable[[list], Any]) -> Callabl
     """`run`, the boxed backward of `gm`, returning None for each gradient that depends only
     on tangents the pre-hook noted as not given. A noted tangent that is not all zeros (a
     note left by a backward that failed before it ran) is not taken as missing."""
-    places = {n.name: k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
-    tangents = {name for name in places if name.startswith("tangents")}
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    places = {n.name: k for k, n in enumerate(placeholders)}
+    tangents = {n.name for n in placeholders if is_tangent(n)}
     reads = _tangents_read(gm, tangents)
 
     def backward(args: list) -> Any:
