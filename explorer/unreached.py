@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from explorer.eager import COMPILED
 from explorer.fxgraph import is_tangent
 
 _pending = threading.local()  # the tangents the next backward on this thread does not get
@@ -84,7 +85,7 @@ def _compiled_node(inputs: Any, outputs: list | tuple) -> Any:
         if node is None or id(node) in seen or id(node) in given:
             continue
         seen[id(node)] = node
-        if "CompiledFunctionBackward" in node.name():
+        if type(node).__name__ == COMPILED:
             found.append(node)
         else:
             todo += [following for following, _ in node.next_functions]
