@@ -17,8 +17,14 @@ INTERRUPTED = "remat-explorer: interrupted"
 
 
 def _exit_interrupted(signum: int, frame: object) -> None:
-    """Ctrl+C while the program is still loading, before main(): nothing to clean up yet."""
-    os.write(sys.stderr.fileno(), f"{INTERRUPTED}\n".encode())
+    """Ctrl+C where nothing is to be cleaned up and no exception may be raised: while the
+    program loads, or while torch runs (see _Interrupts). What was printed is kept."""
+    try:
+        sys.stdout.flush()
+    except (OSError, RuntimeError, ValueError):  # a reader gone, a write the signal cut into
+        pass
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # a progress bar's line, on a terminal
+    os.write(sys.stderr.fileno(), f"{clear}{INTERRUPTED}\n".encode())
     os._exit(EXIT_INTERRUPTED)
 
 
@@ -31,10 +37,12 @@ import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import multiprocessing  # noqa: E402
 import threading  # noqa: E402
 import warnings  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
+from types import FrameType  # noqa: E402
 
 from explorer.devices import device_names  # noqa: E402
 from explorer.errors import (  # noqa: E402
@@ -545,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError now
             return code
         except UserError as err:
+            if interrupts.seen:  # e.g. a capture that failed as the Ctrl+C unwound it
+                return _interrupted()
             return _fail(str(err))
         except (Cancelled, KeyboardInterrupt):
             return _interrupted()
@@ -574,8 +584,9 @@ class _Interrupts:
         self.seen = False
         self.loading = False
 
-    def _on_signal(self, signum: int, frame: object) -> None:
-        if self.loading and _AS_PROGRAM:  # in a caller's process, theirs to end or not
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # a program leaves at once where raising is unsafe; a caller's process is theirs
+        if _AS_PROGRAM and (self.loading or _unsafe_to_raise_in(frame)):
             _exit_interrupted(signum, frame)
         if self.seen:
             os._exit(EXIT_INTERRUPTED)
@@ -631,6 +642,28 @@ class _Interrupts:
                 show_warning(message, category, *args, **kwargs)
 
         return show
+
+
+def _unsafe_to_raise_in(frame: FrameType | None) -> bool:
+    """Whether a KeyboardInterrupt raised at `frame` could reach torch's C++ and must not be
+    raised: torch's Python is on the stack, and no child process waits to be ended.
+
+    torch calls Python from C++ (Dynamo's fake-tensor rules, dispatch, hooks). An exception
+    raised there either aborts the process with a C++ trace (1 interrupt in 300 during a
+    capture, exit -6) or comes back as another error (once in CI, "cannot capture the
+    model: BackendCompilerFailed"). Leaving at once is safe there: files are written whole
+    (explorer.files) and never while torch runs. The solver's window worker is ended by the
+    KeyboardInterrupt's unwinding, so with it alive the interrupt is raised as before (the
+    solver runs no torch; its background search is ended by the same unwinding)."""
+    torch = sys.modules.get("torch")
+    if torch is None or multiprocessing.active_children():
+        return False
+    package = os.path.dirname(torch.__file__) + os.sep
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(package):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
