@@ -132,6 +132,11 @@ def eager_code(
     return found
 
 
+def compiled_runs(outputs: list[torch.Tensor]) -> list[Any]:
+    """The autograd nodes of the graphs' runs behind `outputs`, in the order they ran."""
+    return _autograd_nodes(outputs)[0]
+
+
 def unreached_parameters(model: torch.nn.Module, outputs: list[torch.Tensor]) -> list[Any]:
     """The model's parameters that ask for a gradient but that the autograd graph behind
     `outputs` does not reach: code that runs autograd itself inside a custom Function's

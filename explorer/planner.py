@@ -400,6 +400,7 @@ class Planner:
             runtime_factor=solver.runtime_factor,
             peak_floor_bytes=solver.peak_floor(),
             unmodified_peak_bytes=self._unmodified_peak(),
+            unread_gradient_bytes=self._captured[0].unread_gradient_bytes if self._captured else 0,
             unmodified_faults=times.eager_faults if times else None,
             unmodified_step_seconds=times.eager_seconds if times else None,
             context=self,

@@ -82,6 +82,9 @@ class Front:
     # the model's own step, run as it is, measured when profiling (explorer.unmodified; None:
     # not measured, as for a front planned for a device by name)
     unmodified_peak_bytes: int | None = None
+    # the gradients, of zeros, that the compiled step makes from outputs the loss leaves
+    # unread and eager PyTorch does not make (explorer.unread; 0: none, or not counted)
+    unread_gradient_bytes: int = 0
     # the unmodified step's page faults and seconds, as profiling timed it on the CPU
     # (explorer.stepcost; None: not counted, as on CUDA or for a front planned by name)
     unmodified_faults: int | None = None
@@ -171,12 +174,8 @@ class Front:
         line = self.unmodified_peak_bytes
         if line is None:
             return None
-        why = ""
-        if self.model.get("gradients_held"):
-            why = (
-                ": a step that adds to held gradients gets every new one at the compiled "
-                "backward's end, where eager PyTorch adds each into .grad as it is made"
-            )
+        why = "; ".join(self._why_above_unmodified())
+        why = f": {why}" if why else ""
         lowest = min(p.predicted_peak_bytes for p in self.points)
         if lowest > line:
             return (
@@ -190,6 +189,24 @@ class Front:
             "profiling), need more memory than the model run as it is, and those that "
             f"recompute more time too: choose a budget under it{why}"
         )
+
+    def _why_above_unmodified(self) -> list[str]:
+        """What the compiled step holds that the unmodified one does not, in words."""
+        why = []
+        if self.model.get("gradients_held"):
+            why.append(
+                "a step that adds to held gradients gets every new one at the compiled "
+                "backward's end, where eager PyTorch adds each into .grad as it is made"
+            )
+        if self.unread_gradient_bytes:
+            why.append(
+                "the loss leaves outputs unread, and the compiled backward still makes a "
+                f"gradient, of zeros, for the {format_bytes(self.unread_gradient_bytes)} of "
+                "parameters and inputs only they reach, where eager PyTorch makes none; plan "
+                "and train the model without those outputs (torchvision's GoogLeNet and "
+                "Inception v3: aux_logits=False)"
+            )
+        return why
 
     def above_unmodified(self, schedule: Schedule) -> bool:
         """Whether `schedule` (one of this front's, or searched for its step) needs more
@@ -231,6 +248,7 @@ class Front:
             "setup": self.setup,
             "peak_floor_bytes": self.peak_floor_bytes,
             "unmodified_peak_bytes": self.unmodified_peak_bytes,
+            "unread_gradient_bytes": self.unread_gradient_bytes,
             "unmodified_page_faults": self.unmodified_faults,
             "unmodified_step_seconds": self.unmodified_step_seconds,
             "points": [p.to_dict() for p in self.points],
@@ -258,6 +276,7 @@ class Front:
                 runtime_factor=float(data["baseline"].get("runtime_factor", 1.0)),
                 peak_floor_bytes=optional_count(data.get("peak_floor_bytes")),
                 unmodified_peak_bytes=optional_count(data.get("unmodified_peak_bytes")),
+                unread_gradient_bytes=optional_count(data.get("unread_gradient_bytes")) or 0,
                 unmodified_faults=optional_count(data.get("unmodified_page_faults"), "page faults"),
                 unmodified_step_seconds=optional_seconds(data.get("unmodified_step_seconds")),
             )

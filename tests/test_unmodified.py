@@ -9,10 +9,13 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 from helpers import planner
 from test_cli import run
+from torch import nn
 
 import explorer
+from explorer.capture import capture
 from explorer.cli import main
 from explorer.errors import UserError
 from explorer.models import build
@@ -109,3 +112,45 @@ def test_sweep_says_it_and_export_warns(capsys, tmp_path, quick_search):
                     "--out", str(tmp_path / "held.py"))  # fmt: skip
     assert code == 0
     assert len(err) == 1 and "peaks above the unmodified model's" in err[0], err
+
+
+class _AuxiliaryHead(nn.Module):
+    """A trunk, its head, and an auxiliary head with most of the parameters, as GoogLeNet's;
+    with `broken`, a graph break splits the trunk from the heads."""
+
+    def __init__(self, broken: bool) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh())
+        self.head = nn.Linear(32, 4)
+        self.aux = nn.Sequential(nn.Linear(32, 512), nn.Tanh(), nn.Linear(512, 4))
+        self.broken = broken
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.trunk(x)
+        if self.broken:
+            torch._dynamo.graph_break()
+        return self.head(features), self.aux(features)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["one graph", "two graphs"])
+def test_gradients_made_only_from_outputs_the_loss_leaves_unread_are_said(broken, tmp_path):
+    # A loss on the head leaves the auxiliary head's output unread: eager PyTorch makes no
+    # gradient for its parameters, the compiled backward makes them of zeros, and every
+    # point peaks above the model run as it is (GoogLeNet b2 64 px, loss on the logits: its
+    # auxiliary heads' 25.5 MB). catches: that front without the reason, bytes counted that
+    # the head's gradient reaches too (the trunk's), and the count lost in front.json
+    torch.manual_seed(0)
+    model, x = _AuxiliaryHead(broken), torch.randn(8, 16)
+    plan = explorer.Planner(model, (x,), loss=lambda out: out[0].square().mean())
+    assert len(plan.capture()) == (2 if broken else 1)
+    front = plan.sweep(points=2)
+    auxiliary = sum(p.numel() * p.element_size() for p in model.aux.parameters())
+    assert front.unread_gradient_bytes == auxiliary
+    assert min(p.predicted_peak_bytes for p in front.points) > front.unmodified_peak_bytes
+    note = front.unmodified_note()
+    assert note.startswith("every point peaks above") and "loss leaves outputs unread" in note
+    assert explorer.Front.load(front.save(tmp_path / "front.json")).unread_gradient_bytes == (
+        auxiliary
+    )
+    every_output = capture(model, (x,))  # a gradient for each output: none unread
+    assert [graph.unread_gradient_bytes for graph in every_output] == [0] * len(every_output)
