@@ -356,9 +356,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
     if front.above_unmodified(schedule):
         line = format_bytes(front.unmodified_peak_bytes)
+        why = "; ".join(front.why_above_unmodified())
         print(
             f"remat-explorer: warning: it peaks above the unmodified model's {line}"
-            " (measured when profiling): the model run as it is needs less memory",
+            " (measured when profiling): the model run as it is needs less memory"
+            + (f" ({why})" if why else ""),
             file=sys.stderr,
         )
     return 0

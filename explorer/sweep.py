@@ -174,7 +174,7 @@ class Front:
         line = self.unmodified_peak_bytes
         if line is None:
             return None
-        why = "; ".join(self._why_above_unmodified())
+        why = "; ".join(self.why_above_unmodified())
         why = f": {why}" if why else ""
         lowest = min(p.predicted_peak_bytes for p in self.points)
         if lowest > line:
@@ -190,8 +190,9 @@ class Front:
             f"recompute more time too: choose a budget under it{why}"
         )
 
-    def _why_above_unmodified(self) -> list[str]:
-        """What the compiled step holds that the unmodified one does not, in words."""
+    def why_above_unmodified(self) -> list[str]:
+        """What the compiled step holds that the unmodified one does not, in words, where
+        the front knows it: held gradients, or gradients of outputs the loss leaves unread."""
         why = []
         if self.model.get("gradients_held"):
             why.append(

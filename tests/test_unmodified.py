@@ -112,6 +112,7 @@ def test_sweep_says_it_and_export_warns(capsys, tmp_path, quick_search):
                     "--out", str(tmp_path / "held.py"))  # fmt: skip
     assert code == 0
     assert len(err) == 1 and "peaks above the unmodified model's" in err[0], err
+    assert ".grad as it is made" in err[0]  # why
 
 
 class _AuxiliaryHead(nn.Module):
