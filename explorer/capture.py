@@ -234,7 +234,7 @@ def capture(
     _refuse_sparse_tensors(captured)
     known = step_inputs_and_state(model, (args, kwargs))
     outputs = output_tensors(result, lambda: known)
-    _handoffs(captured, known, [*outputs, *losses], from_loss=bool(losses))
+    _handoffs(captured, known, [*outputs, *losses], losses)
     _attach_eager_code(captured, [*outputs, *losses], known)
     unreached = unreached_parameters(model, [*outputs, *losses])
     unread = unread_gradient_bytes(captured, [*outputs, *losses], losses or outputs)
@@ -358,14 +358,19 @@ def _handoffs(
     captured: list[CapturedGraph],
     known: list[torch.Tensor],
     results: list[torch.Tensor],
-    from_loss: bool = False,
+    losses: list[torch.Tensor],
 ) -> None:
     """Which inputs of each graph were made during the step (by an earlier graph, or by eager
     code: neither the user's nor the model's, `known`), which outputs only later graphs read,
     and which nobody holds (read by eager code only); a single graph's too (its input made by
-    eager code, its output that an eagerly computed loss reads). `from_loss`: the step
-    backpropagates a loss, so every output's gradient comes from autograd, none from the
-    user."""
+    eager code, its output that an eagerly computed loss reads). `losses`: the step
+    backpropagates these, so every output's gradient comes from autograd, none from the
+    user; but a loss that a graph returns (a transformers model given labels) gets its
+    gradient, ones, from `backward()`, whose frame holds it to the backward's end, as a
+    user's tangent is held (taken as autograd's, it was freed at its last use: 4 bytes under
+    at every point of BERT with labels)."""
+    from_loss = bool(losses)
+    roots = {storage_address(t) for t in losses}
     user = {storage_address(t) for t in known} | {storage_address(t) for t in results}
     saved = saved_by_eager_code(results)
     held_at = [{held.address for held in graph.frames} for graph in captured]
@@ -418,7 +423,9 @@ def _handoffs(
         # graphs read, zeros for one nobody holds, the sum of the user's tangent and a later
         # graph's gradient for one both hold
         by_autograd = {
-            ref for ref, storage in outputs if from_loss or storage not in user or storage in later
+            ref
+            for ref, storage in outputs
+            if storage not in roots and (from_loss or storage not in user or storage in later)
         }
         summed = set() if from_loss else {r for r, s in outputs if s in user and s in later}
         graph.handoff = Handoff(
