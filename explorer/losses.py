@@ -23,12 +23,19 @@ PYTHON = "python:"  # the prefix of a recorded loss that is a caller's own funct
 
 
 def cross_entropy(result: Any) -> torch.Tensor:
-    """Cross-entropy of the first floating-point output, classes on its last dimension (a
-    classifier's (batch, classes) or a language model's (batch, tokens, vocabulary))."""
+    """Cross-entropy of the first floating-point output that is not a number, classes on
+    its last dimension (a classifier's (batch, classes) or a language model's (batch, tokens,
+    vocabulary)); a loss the model returns before them (a transformers model given labels)
+    is passed over."""
     logits = next(
-        (t for t in output_tensors(result) if t.is_floating_point() and t.requires_grad), None
+        (
+            t
+            for t in output_tensors(result)
+            if t.is_floating_point() and t.requires_grad and t.dim() > 0
+        ),
+        None,
     )
-    if logits is None or logits.dim() == 0:
+    if logits is None:
         raise UserError("the cross_entropy loss needs an output of class scores, with a gradient")
     flat = logits.reshape(-1, logits.shape[-1])
     return F.cross_entropy(flat, _targets(flat))

@@ -10,6 +10,7 @@ from helpers import live_bytes_by_operator
 
 import explorer
 from explorer.errors import UserError
+from explorer.losses import named_loss
 from explorer.models import build
 from explorer.profile import StepProfile
 
@@ -85,6 +86,17 @@ def test_a_loss_the_model_returns_is_planned_to_the_byte():
         assert report.ok, report.format_table()
         measured, predicted = _peak(report)
         assert measured == predicted
+
+
+def test_the_named_cross_entropy_passes_over_a_loss_the_model_returns_first():
+    # catches: the model's own loss (a number) taken as the class scores and refused
+    torch.manual_seed(0)
+    x, labels = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    loss, logits = _ReturnsItsLoss()(x, labels)
+    cross_entropy = named_loss("cross_entropy")
+    assert torch.equal(cross_entropy((loss, logits)), cross_entropy(logits))
+    with pytest.raises(UserError, match="needs an output of class scores"):
+        named_loss("cross_entropy")((loss,))
 
 
 def test_the_solver_counts_the_losss_gradient_as_the_step_does(gpt):
