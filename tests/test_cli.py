@@ -623,17 +623,23 @@ sys.exit(cli.main(["models"]))
 """
 
 
+def _run_interrupted(program: str, *args: str) -> subprocess.CompletedProcess:
+    """Run `program`, which sends itself a Ctrl+C, and check it ended as one does: exit 130
+    and one line."""
+    done = subprocess.run(
+        [sys.executable, "-c", program, *args], capture_output=True, text=True, env=_env(),
+        preexec_fn=_default_sigint, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["remat-explorer: interrupted"], done.stderr
+    return done
+
+
 def test_ctrl_c_during_a_traced_backward_is_one_line():
     # AOTAutograd traces the backward under anomaly mode, which reports any error raised in a
     # backward, KeyboardInterrupt included, as a warning with the forward's stack (once in CI,
     # Ctrl+C 3 s into a sweep). catches: that warning printed on the way out
-    done = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_IN_BACKWARD], capture_output=True, text=True,
-        env=_env(), preexec_fn=_default_sigint, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines() == ["remat-explorer: interrupted"], done.stderr
-    assert "went on" not in done.stdout
+    assert "went on" not in _run_interrupted(_INTERRUPTED_IN_BACKWARD).stdout
 
 
 _INTERRUPTED_INSIDE_TORCH = """
@@ -680,12 +686,7 @@ def test_ctrl_c_while_torch_calls_python_is_not_raised_there():
     # the model: BackendCompilerFailed", exit 2). The kernel above stands in for that C++: it
     # turns the interrupt into a RuntimeError. catches: a KeyboardInterrupt raised while
     # torch's Python is on the stack
-    done = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_INSIDE_TORCH], capture_output=True, text=True,
-        env=_env(), preexec_fn=_default_sigint, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines() == ["remat-explorer: interrupted"], done.stderr
+    done = _run_interrupted(_INTERRUPTED_INSIDE_TORCH)
     assert "raised inside torch" not in done.stdout
     assert "went on" not in done.stdout
 
@@ -693,12 +694,7 @@ def test_ctrl_c_while_torch_calls_python_is_not_raised_there():
 def test_ctrl_c_inside_torch_beside_a_child_process_still_ends_the_child():
     # leaving at once skips the unwinding that ends the solver's children. catches: a child
     # left running after the program has gone
-    done = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_INSIDE_TORCH, "--beside-a-child"],
-        capture_output=True, text=True, env=_env(), preexec_fn=_default_sigint, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines() == ["remat-explorer: interrupted"], done.stderr
+    done = _run_interrupted(_INTERRUPTED_INSIDE_TORCH, "--beside-a-child")
     child = int(done.stdout.split("child ")[1].split()[0])
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
