@@ -103,7 +103,7 @@ def leaving_unreached(gm: fx.GraphModule, run: Callable[[list], Any]) -> Callabl
     placeholders = gm.graph.find_nodes(op="placeholder")
     places = {n.name: k for k, n in enumerate(placeholders)}
     tangents = {n.name for n in placeholders if is_tangent(n)}
-    reads = tangents_read(gm, tangents)
+    reads = _tangents_read(gm, tangents)
 
     def backward(args: list) -> Any:
         noted = getattr(_pending, "missing", frozenset())
@@ -129,7 +129,7 @@ def _all_zero(value: Any) -> bool:
     return value.is_meta or not bool(value.any())
 
 
-def tangents_read(gm: fx.GraphModule, tangents: set[str]) -> list[frozenset[str] | None]:
+def _tangents_read(gm: fx.GraphModule, tangents: set[str]) -> list[frozenset[str] | None]:
     """For each output of `gm`, the tangents it depends on (None for an output that is not
     a node)."""
     read: dict[fx.Node, frozenset[str]] = {}

@@ -16,11 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import fx
 
 from explorer.eager import COMPILED, compiled_runs
-from explorer.fxgraph import is_tangent
-from explorer.unreached import tangent_outputs, tangents_read
+from explorer.graph import ROLE_TANGENT, Graph
+from explorer.unreached import tangent_outputs
 
 if TYPE_CHECKING:
     from explorer.capture import CapturedGraph
@@ -43,7 +42,7 @@ def unread_gradient_bytes(
         tangents = tangent_outputs(graph.joint, graph.num_fwd_outputs)
         unread = {name for k, name in tangents.items() if k not in reached.get(run, set())}
         if unread:
-            total += _bytes_only_from(graph.joint, graph.num_fwd_outputs, unread)
+            total += _bytes_only_from(graph.graph, unread)
     return total
 
 
@@ -70,25 +69,15 @@ def _outputs_reached(roots: list[torch.Tensor]) -> dict[Any, set[int]]:
     return reached
 
 
-def _bytes_only_from(joint: fx.GraphModule, num_fwd_outputs: int, unread: set[str]) -> int:
-    """Bytes of the joint graph's gradient outputs that read tangents, all of them in
-    `unread`."""
-    tangents = {n.name for n in joint.graph.find_nodes(op="placeholder") if is_tangent(n)}
-    (output,) = joint.graph.find_nodes(op="output")
-    gradients = output.args[0][num_fwd_outputs:]
-    reads = tangents_read(joint, tangents)[num_fwd_outputs:]
+def _bytes_only_from(graph: Graph, unread: set[str]) -> int:
+    """Bytes of the graph's input gradients, as the plan counts them, that read tangents,
+    all of them in `unread`."""
+    read: dict[str, frozenset[str]] = {}
+    for node in graph.nodes:
+        own = frozenset([node.name]) if node.role == ROLE_TANGENT else frozenset()
+        read[node.name] = own.union(*(read[name] for name, _ in node.inputs))
     return sum(
-        _nbytes(gradient)
-        for gradient, read in zip(gradients, reads, strict=True)
-        if read and read <= unread
+        graph.grad_bytes(ref)
+        for ref in graph.input_grads
+        if ref is not None and read[ref[0]] and read[ref[0]] <= unread
     )
-
-
-def _nbytes(node: Any) -> int:
-    value = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if not isinstance(value, torch.Tensor):
-        return 0
-    try:
-        return int(value.numel()) * value.element_size()
-    except TypeError:  # symbolic sizes: not counted
-        return 0
