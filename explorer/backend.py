@@ -88,7 +88,7 @@ from explorer.carry import (
     in_aligned_order,
     renamed,
 )
-from explorer.errors import RematWarning
+from explorer.errors import RematError, RematWarning
 from explorer.fxgraph import describe_with_sizes
 from explorer.graph import FORWARD, Graph
 from explorer.modelstate import storage_address
@@ -106,6 +106,7 @@ from explorer.simulate import simulate
 from explorer.symsizes import SizedGraph, Sizes, binding_sources, sizes_in
 from explorer.units import format_bytes
 from explorer.unreached import leaving_unreached, tangent_outputs, watch_outputs
+from explorer.unread import pruned_joint
 
 EXACT, RESIZED, MAPPED = "exact", "same structure, other sizes", "carried over"
 RECOMPILES = 64  # captures of one wrapped model before Dynamo's limit: a RematError
@@ -117,10 +118,6 @@ RECOMPILE_LIMIT = (
     "made each capture. Bring the inputs to a few sizes (pad text batches to a multiple of "
     "a length), or keep what the forward reads fixed"
 )
-
-
-class RematError(RuntimeError):
-    """A schedule that cannot be used with this model: the message says why and what to do."""
 
 
 class RecompileLimitReached(RematError):
@@ -150,13 +147,21 @@ class GraphPlan:
 
 def _boxed(gm: fx.GraphModule, _example_inputs: Any):
     """Run the FX graph's own generated code with the boxed calling convention: it takes the
-    argument list and clears it, so no input outlives its last use (explorer.partition)."""
+    argument list and clears it, so no input outlives its last use (explorer.partition). An
+    input it never reads is let go before it runs, as explorer.simulate frees it: FX's code
+    holds such an input to its end (a backward's tangent of an output the loss leaves
+    unread, made of zeros by autograd: GoogLeNet's two auxiliary heads' at batch 2 were
+    16,000 bytes above the plan)."""
     _no_donated_buffers()
     gm.graph.set_codegen(torch.fx.graph._BoxedCodeGen())
     gm.recompile()
     forward = gm.forward
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    unread = [k for k, node in enumerate(placeholders) if not node.users]
 
     def run(args: list) -> Any:
+        for k in unread:
+            args[k] = None
         return forward(args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -300,6 +305,7 @@ class RematBackend:
         graph, sizes = describe_with_sizes(
             joint.graph, num_fwd_outputs, static_lifetime_input_indices
         )
+        joint, graph, sizes = self._as_planned(joint, graph, sizes, num_fwd_outputs)
         self._partitioned += 1
         number = self._planned = self._partitioned
         self.counted_runs[number] = _runs_planned(self.schedules, graph)
@@ -309,6 +315,32 @@ class RematBackend:
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
         return forward, backward
+
+    def _as_planned(
+        self, joint: fx.GraphModule, graph: Graph, sizes: Sizes, num_fwd_outputs: int
+    ) -> tuple[fx.GraphModule, Graph, Sizes]:
+        """The joint graph, its description and sizes, without the gradients a schedule
+        left out (explorer.unread) where one was made for it so: the pruned graph has that
+        schedule's fingerprint or structure, or the layout of a graph planned from one (a
+        graph captured again for any size). Else as captured."""
+        fingerprints = {s.fingerprint for s in self.schedules}
+        left_out = {frozenset(s.unread_tangents) for s in self.schedules if s.unread_tangents}
+        if not left_out or graph.fingerprint() in fingerprints:
+            return joint, graph, sizes
+        structures = {s.structure for s in self.schedules}
+        layouts = {fixed.graph.layout() for fixed in self._fixed}
+        for tangents in left_out:
+            pruned = pruned_joint(joint, graph, num_fwd_outputs, tangents)
+            if pruned is None or pruned[1].unread_tangents != sorted(tangents):
+                continue
+            described = pruned[1]
+            if (
+                described.fingerprint() in fingerprints
+                or described.structure() in structures
+                or described.layout() in layouts
+            ):
+                return pruned
+        return joint, graph, sizes
 
     def _schedule_for(
         self, _joint: fx.GraphModule, graph: Graph, _num_fwd_outputs: int, sizes: Sizes

@@ -67,7 +67,7 @@ from explorer.modelstate import (
 from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
 from explorer.symsizes import Sizes
-from explorer.unread import unread_gradient_bytes
+from explorer.unread import leave_out_unread, unread_gradient_bytes, unread_tangents
 from explorer.verify import loss_of
 
 # the PyTorch running here keeps a graph's handed-over tangents through its backward
@@ -104,8 +104,9 @@ class CapturedGraph:
     # the names of the parameters eager code uses and no graph reads: layers no plan reaches
     # (explorer.eager.parameters_outside_graphs)
     outside: list[str] = field(default_factory=list)
-    # of the whole step: the bytes of the gradients, of zeros, that its graphs make from
-    # outputs the backward leaves unread, where eager PyTorch makes none (explorer.unread)
+    # of the whole step: the bytes of the gradients, of zeros, that its graphs still make
+    # from outputs the backward leaves unread, where eager PyTorch makes none: those a plan
+    # cannot leave out (explorer.unread)
     unread_gradient_bytes: int = 0
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -234,18 +235,20 @@ def capture(
     _refuse_sparse_tensors(captured)
     known = step_inputs_and_state(model, (args, kwargs))
     outputs = output_tensors(result, lambda: known)
+    unread = unread_tangents(captured, [*outputs, *losses], losses or outputs)
+    leave_out_unread(captured, unread)
     _handoffs(captured, known, [*outputs, *losses], losses)
     _attach_eager_code(captured, [*outputs, *losses], known)
     unreached = unreached_parameters(model, [*outputs, *losses])
-    unread = unread_gradient_bytes(captured, [*outputs, *losses], losses or outputs)
     state = [t for graph in captured for t in graph.state_tensors()]
     outside = parameters_outside_graphs(model, state, unreached)
     _warn_of_parameters_outside_graphs(outside, model)
+    unread_bytes = unread_gradient_bytes(captured, unread)
     for graph in captured:
         graph.outputs, graph.frames = [], []  # only their identities were needed
         graph.runtime, graph.backend = call, recorder
         graph.unreached, graph.outside = unreached, outside
-        graph.unread_gradient_bytes = unread
+        graph.unread_gradient_bytes = unread_bytes
     return captured
 
 

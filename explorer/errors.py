@@ -14,6 +14,10 @@ class OtherStep(UserError):
     around them (the command line names both steps)."""
 
 
+class RematError(RuntimeError):
+    """A schedule that cannot be used with this model: the message says why and what to do."""
+
+
 class RematWarning(UserWarning):
     """Something the tool goes on with that may not hold as planned: said once, with what to
     do (a plan carried over to a graph it was not made for, a step that runs a graph more

@@ -90,6 +90,9 @@ class Graph:
     model_outputs: list[ValueRef | None]  # flat model outputs (None: not a tensor we track)
     # gradient of each non-tangent placeholder, in placeholder order (None: it gets none)
     input_grads: list[ValueRef | None]
+    # tangents of outputs the loss leaves unread whose parameter gradients were left out of
+    # the graph (explorer.unread): its backward must not be given them
+    unread_tangents: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
@@ -209,6 +212,7 @@ class Graph:
             "nodes": [asdict(n) for n in self.nodes],
             "model_outputs": self.model_outputs,
             "input_grads": self.input_grads,
+            **({"unread_tangents": self.unread_tangents} if self.unread_tangents else {}),
         }
 
     @classmethod
@@ -226,7 +230,8 @@ class Graph:
             inputs = [tuple(r) for r in raw["inputs"]]
             nodes.append(Node(**{**raw, "outputs": outputs, "inputs": inputs}))
         refs = lambda xs: [None if r is None else tuple(r) for r in xs]  # noqa: E731
-        return cls(nodes, refs(data["model_outputs"]), refs(data["input_grads"]))
+        unread = [str(name) for name in data.get("unread_tangents", [])]
+        return cls(nodes, refs(data["model_outputs"]), refs(data["input_grads"]), unread)
 
 
 def storage_owners(graph: Graph) -> dict[ValueRef, ValueRef]:

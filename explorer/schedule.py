@@ -62,6 +62,9 @@ class GraphSchedule(_Predicted):
     backward: list[str]
     recomputed: list[str] = field(default_factory=list)
     structure: str = ""  # the graph's shape-free structure hash (Graph.structure)
+    # the graph's tangents whose gradients were left out (Graph.unread_tangents): the runtime
+    # leaves them out of the joint graphs it captures before matching this schedule
+    unread_tangents: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -71,6 +74,7 @@ class GraphSchedule(_Predicted):
             "backward": list(self.backward),
             **self._predicted_dict(),
             "recomputed": list(self.recomputed),
+            **({"unread_tangents": self.unread_tangents} if self.unread_tangents else {}),
         }
 
     @classmethod
@@ -78,6 +82,7 @@ class GraphSchedule(_Predicted):
         fields = dict(data)
         fields["saved"] = [(str(r[0]), int(r[1])) for r in data["saved"]]
         fields["backward"] = [str(n) for n in data["backward"]]
+        fields["unread_tangents"] = [str(n) for n in data.get("unread_tangents", [])]
         return cls(**fields)
 
 

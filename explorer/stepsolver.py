@@ -167,6 +167,7 @@ class StepSolver:
         """One step plan from one schedule per solver, with the step's predicted figures."""
         for graph, schedule in zip(self.graphs, self.each_graph(schedules), strict=True):
             schedule.structure = graph.structure()  # the runtime matches resized graphs by it
+            schedule.unread_tangents = list(graph.unread_tangents)
         timeline = self.timeline(self.each_graph(schedules))
         worst = max(schedules, key=lambda s: s.gap)
         return Schedule(

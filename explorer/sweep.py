@@ -201,11 +201,11 @@ class Front:
             )
         if self.unread_gradient_bytes:
             why.append(
-                "the loss leaves outputs unread, and the compiled backward still makes a "
-                f"gradient, of zeros, for the {format_bytes(self.unread_gradient_bytes)} of "
-                "parameters and inputs only they reach, where eager PyTorch makes none; plan "
-                "and train the model without those outputs (torchvision's GoogLeNet and "
-                "Inception v3: aux_logits=False)"
+                "the loss leaves outputs unread that another run of their compiled graph "
+                "reads (a loop's pass), so the compiled backward still makes a gradient, of "
+                f"zeros, for the {format_bytes(self.unread_gradient_bytes)} of parameters and "
+                "inputs only they reach, where eager PyTorch makes none; plan and train the "
+                "model without those outputs"
             )
         return why
 

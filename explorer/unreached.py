@@ -27,9 +27,13 @@ import torch
 from torch import fx
 
 from explorer.eager import COMPILED
+from explorer.errors import RematError
 from explorer.fxgraph import is_tangent
 
 _pending = threading.local()  # the tangents the next backward on this thread does not get
+# node.meta flag of a tangent placeholder whose output a plan took as unread: the gradients
+# only it reaches were left out of the graph (explorer.unread), so it must not be given
+DROPPED_TANGENT = "remat_unread_tangent"
 
 
 def tangent_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> dict[int, str]:
@@ -99,15 +103,26 @@ def _nodes_of(tensors: Any) -> list:
 def leaving_unreached(gm: fx.GraphModule, run: Callable[[list], Any]) -> Callable[[list], Any]:
     """`run`, the boxed backward of `gm`, returning None for each gradient that depends only
     on tangents the pre-hook noted as not given. A noted tangent that is not all zeros (a
-    note left by a backward that failed before it ran) is not taken as missing."""
+    note left by a backward that failed before it ran) is not taken as missing. Refuses,
+    with a RematError, a backward given a tangent its plan took as unread (DROPPED_TANGENT)."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     places = {n.name: k for k, n in enumerate(placeholders)}
     tangents = {n.name for n in placeholders if is_tangent(n)}
-    reads = _tangents_read(gm, tangents)
+    dropped = {n.name for n in placeholders if n.meta.get(DROPPED_TANGENT)}
+    read = tangents_read(gm.graph)
+    (output,) = gm.graph.find_nodes(op="output")
+    reads = [read[v] if isinstance(v, fx.Node) else None for v in output.args[0]]
 
     def backward(args: list) -> Any:
         noted = getattr(_pending, "missing", frozenset())
         _pending.missing = frozenset()
+        if dropped - noted:
+            raise RematError(
+                "this step's loss reads a model output that the schedule was planned "
+                "without a gradient for (the loss it was planned with left it unread, so "
+                "the gradients only it reaches are not computed); plan with the loss this "
+                "loop uses"
+            )
         missing = {name for name in noted & tangents if _all_zero(args[places[name]])}
         results = run(args)
         if not missing:
@@ -129,12 +144,10 @@ def _all_zero(value: Any) -> bool:
     return value.is_meta or not bool(value.any())
 
 
-def _tangents_read(gm: fx.GraphModule, tangents: set[str]) -> list[frozenset[str] | None]:
-    """For each output of `gm`, the tangents it depends on (None for an output that is not
-    a node)."""
+def tangents_read(graph: fx.Graph) -> dict[fx.Node, frozenset[str]]:
+    """The tangent placeholders each node of `graph` depends on."""
     read: dict[fx.Node, frozenset[str]] = {}
-    for node in gm.graph.nodes:
-        own = frozenset([node.name]) if node.name in tangents else frozenset()
+    for node in graph.nodes:
+        own = frozenset([node.name]) if is_tangent(node) else frozenset()
         read[node] = own.union(*(read[i] for i in node.all_input_nodes))
-    (output,) = gm.graph.find_nodes(op="output")
-    return [read[v] if isinstance(v, fx.Node) else None for v in output.args[0]]
+    return read

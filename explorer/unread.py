@@ -1,54 +1,225 @@
-"""The gradients a compiled step makes, of zeros, that eager PyTorch does not make at all.
+"""Gradients that only outputs the loss leaves unread lead to: left out of the plan and the run.
 
 A loss may leave outputs unread: GoogLeNet's auxiliary heads under a loss on the logits. Eager
 autograd never runs the backward of what only those outputs reach. A compiled graph's
 backward is one node: autograd hands it zeros for the outputs that get no gradient, and it
 computes every gradient its graph makes from them, zeros included, all alive at once as the
-graph's backward ends (explorer.unreached then turns the parameters' into None). A plan
-predicts them, so they are counted in every point's peak and none in the unmodified
-model's: measured, GoogLeNet at batch 2, 64 px, loss on the logits, every point peaked
-above the unmodified model by about its auxiliary heads' 25.5 MB of parameters. Here they
-are counted, so that the front can say why.
+graph's backward ends (explorer.unreached then turns the parameters' into None). Measured,
+GoogLeNet at batch 2, 64 px, loss on the logits: every point peaked above the unmodified
+model by its auxiliary heads' 25.5 MB of parameter gradients.
+
+So a step captured with a loss is planned on a joint graph without them: each parameter
+gradient that reads only tangents of unread outputs becomes None, and the operators only
+those gradients needed go (`pruned_joint`). The graph's description lists the tangents left
+out (`Graph.unread_tangents`), its schedules carry them, and the runtime prunes the joint
+graphs it captures the same way when a schedule asks for it. A step whose loss reads such an
+output after all (a tangent given, zeros included: `loss + 0 * aux.sum()` makes zero
+gradients, which AdamW decays) is refused in the backward (explorer.unreached), as eager
+PyTorch would compute those gradients and the pruned graph cannot. What stays computed
+from unread outputs (a gradient mixed with the read ones', an activation's gradient handed
+to an earlier graph) is counted (`unread_gradient_bytes`), so that the front can say why it
+lies above the model as it is.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import fx
 
 from explorer.eager import COMPILED, compiled_runs
-from explorer.graph import ROLE_TANGENT, Graph
-from explorer.unreached import tangent_outputs
+from explorer.fxgraph import describe_with_sizes, is_tangent
+from explorer.graph import ROLE_BUFFER, ROLE_PARAM, ROLE_TANGENT, Graph
+from explorer.symsizes import Sizes
+from explorer.unreached import DROPPED_TANGENT, tangent_outputs, tangents_read
 
 if TYPE_CHECKING:
     from explorer.capture import CapturedGraph
 
 
-def unread_gradient_bytes(
+def unread_tangents(
     captured: list[CapturedGraph], outputs: list[torch.Tensor], roots: list[torch.Tensor]
-) -> int:
-    """Bytes of the gradients the step's graph runs make only from outputs that the
-    backward from `roots` (the loss, or the outputs given gradients) leaves without one.
-    `outputs`: every tensor the step returned, the loss included, which reach every run.
-    0 where the runs cannot be told apart (a joint graph without descriptors, or runs that
-    cannot be matched to the captured ones)."""
+) -> list[frozenset[str]]:
+    """For each captured run, the tangents of its outputs that the backward from `roots`
+    (the loss, or the outputs given gradients) gives no gradient, once the gradients that
+    read only such tangents are left out (`leave_out_unread`, which leaves out those that
+    every run of a compiled graph leaves unread: they share one schedule): an output of an
+    earlier graph that only those gradients reach is unread too. `outputs`:
+    every tensor the step returned, the loss included, which reach every run. None
+    anywhere where the runs cannot be told apart (a joint graph without descriptors, or
+    runs that cannot be matched to the captured ones)."""
     runs = compiled_runs(outputs)
     if len(runs) != len(captured):
-        return 0
-    reached = _outputs_reached(roots)
+        return [frozenset()] * len(captured)
+    shared = _runs_by_graph(captured)
+    left_out: dict[Any, set[int]] = {}  # run -> its inputs whose gradients are left out
+    while True:
+        reached = _outputs_reached(roots, left_out)
+        found = []
+        for run, graph in zip(runs, captured, strict=True):
+            tangents = tangent_outputs(graph.joint, graph.num_fwd_outputs)
+            found.append(frozenset(n for k, n in tangents.items() if k not in reached.get(run, ())))
+        common = found.copy()
+        for same in shared.values():
+            for k in same:
+                common[k] = frozenset.intersection(*(found[j] for j in same))
+        now = {
+            run: _inputs_left_out(graph, run, tangents)
+            for run, graph, tangents in zip(runs, captured, common, strict=True)
+        }
+        if now == left_out:
+            return found
+        left_out = now
+
+
+def _runs_by_graph(captured: list[CapturedGraph]) -> dict[int, list[int]]:
+    """The positions of the runs of each compiled graph (by its joint graph's identity)."""
+    shared: dict[int, list[int]] = {}
+    for k, graph in enumerate(captured):
+        shared.setdefault(id(graph.joint), []).append(k)
+    return shared
+
+
+def _inputs_left_out(graph: CapturedGraph, run: Any, unread: frozenset[str]) -> set[int]:
+    """The positions of the graph run's inputs (of its autograd node's edges) whose
+    gradients read only `unread` tangents; none where the node's edges cannot be matched to
+    the graph's inputs (each parameter's edge must lead to that parameter)."""
+    if not unread:
+        return set()
+    (output,) = graph.joint.graph.find_nodes(op="output")
+    values = list(output.args[0])[graph.num_fwd_outputs :]
+    edges = run.next_functions
+    if len(edges) != len(values) or len(graph.primals) != len(values):
+        return set()
+    for (following, _), given in zip(edges, graph.primals, strict=True):
+        variable = getattr(following, "variable", None)
+        if variable is not None and variable is not given:
+            return set()
+    reads = tangents_read(graph.joint.graph)
+    return {
+        k
+        for k, value in enumerate(values)
+        if isinstance(value, fx.Node) and reads[value] and reads[value] <= unread
+    }
+
+
+def leave_out_unread(captured: list[CapturedGraph], unread: list[frozenset[str]]) -> None:
+    """Give each captured joint graph, and its description, without the parameter gradients
+    only its unread tangents lead to (module docstring). Runs of one compiled graph share
+    one schedule at run time, so a tangent is left out where every run leaves it unread."""
+    for runs in _runs_by_graph(captured).values():
+        first = captured[runs[0]]
+        pruned = pruned_joint(
+            first.joint,
+            first.graph,
+            first.num_fwd_outputs,
+            frozenset.intersection(*(unread[k] for k in runs)),
+        )
+        if pruned is None:
+            continue
+        joint, graph, _sizes = pruned
+        for k in runs:
+            captured[k].joint, captured[k].graph = joint, graph
+
+
+def pruned_joint(
+    joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int, unread: frozenset[str]
+) -> tuple[fx.GraphModule, Graph, Sizes] | None:
+    """A copy of `joint` (whose description is `graph`) in which each parameter's gradient
+    that reads tangents, all of them in `unread`, is None, without the operators only those
+    gradients read, and its description, which lists the tangents those gradients read
+    (`Graph.unread_tangents`: what a backward must not be given). None if no gradient goes.
+
+    Only parameters' gradients go: an activation's gradient is handed to an earlier graph,
+    whose plan counts receiving it."""
+    if not unread:
+        return None
+    new = fx.Graph()
+    values, old_output = new.graph_copy(joint.graph, {}, return_output_node=True)
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    replaced, dropped = _without_unread_terms(new, unread)
+    values = [replaced.get(v, v) if isinstance(v, fx.Node) else v for v in values]
+    reads = tangents_read(new)
+    roles = {n.name: n.role for n in graph.nodes}
+    primals = [n for n in new.find_nodes(op="placeholder") if not is_tangent(n)]
+    for k in range(len(primals)):
+        at = num_fwd_outputs + k
+        grad = values[at] if at < len(values) else None
+        if not isinstance(grad, fx.Node):
+            continue
+        if reads[grad] and reads[grad] <= unread:
+            values[at] = None
+            dropped |= reads[grad]
+    if not dropped:
+        return None
+    output = new.output(type(old_output.args[0])(values))
+    output.meta = dict(old_output.meta)
+    new.eliminate_dead_code()
+    for node in new.find_nodes(op="placeholder"):
+        if node.name in dropped:
+            node.meta = {**node.meta, DROPPED_TANGENT: True}
+    pruned = fx.GraphModule(joint, new)
+    static = [k for k, n in enumerate(primals) if roles.get(n.name) in (ROLE_PARAM, ROLE_BUFFER)]
+    described, sizes = describe_with_sizes(new, num_fwd_outputs, static)
+    return pruned, replace(described, unread_tangents=sorted(dropped)), sizes
+
+
+def _without_unread_terms(
+    graph: fx.Graph, unread: frozenset[str]
+) -> tuple[dict[fx.Node, fx.Node], set[str]]:
+    """Make each sum of a gradient and a term that reads only `unread` tangents (the term
+    the backward of an unread output adds where it meets the read outputs' backward: eager
+    PyTorch never computes it) the gradient alone. Returns each sum made so and the gradient
+    it now is, and the tangents the terms left out read. A sum that would change a shape or
+    dtype stays."""
+    replaced: dict[fx.Node, fx.Node] = {}
+    dropped: set[str] = set()
+    read: dict[fx.Node, frozenset[str]] = {}
+    for node in list(graph.nodes):
+        own = frozenset([node.name]) if is_tangent(node) else frozenset()
+        read[node] = own.union(*(read[i] for i in node.all_input_nodes))
+        if node.target is not torch.ops.aten.add.Tensor or len(node.args) != 2:
+            continue
+        terms = [a for a in node.args if isinstance(a, fx.Node)]
+        only_unread = [t for t in terms if read[t] and read[t] <= unread]
+        others = [t for t in terms if read[t] - unread]
+        if len(terms) == 2 and len(only_unread) == 1 and len(others) == 1:
+            (kept,), (gone,) = others, only_unread
+            if _same_kind(kept, node):
+                node.replace_all_uses_with(kept)
+                replaced[node] = kept
+                read[node] = read[kept]
+                dropped |= read[gone]
+    return replaced, dropped
+
+
+def _same_kind(a: fx.Node, b: fx.Node) -> bool:
+    """Two FX values of one shape and dtype (by their traced values)."""
+    x, y = a.meta.get("val"), b.meta.get("val")
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return False
+    return x.shape == y.shape and x.dtype == y.dtype
+
+
+def unread_gradient_bytes(captured: list[CapturedGraph], unread: list[frozenset[str]]) -> int:
+    """Bytes of the gradients the step's graph runs still make only from their `unread`
+    tangents (those `leave_out_unread` cannot leave out)."""
     total = 0
-    for run, graph in zip(runs, captured, strict=True):
-        tangents = tangent_outputs(graph.joint, graph.num_fwd_outputs)
-        unread = {name for k, name in tangents.items() if k not in reached.get(run, set())}
-        if unread:
-            total += _bytes_only_from(graph.graph, unread)
+    for graph, tangents in zip(captured, unread, strict=True):
+        if tangents:
+            total += _bytes_only_from(graph.graph, set(tangents))
     return total
 
 
-def _outputs_reached(roots: list[torch.Tensor]) -> dict[Any, set[int]]:
+def _outputs_reached(
+    roots: list[torch.Tensor], left_out: dict[Any, set[int]]
+) -> dict[Any, set[int]]:
     """For each compiled run's autograd node behind `roots`, the positions of its outputs
-    that a gradient flows back into (a root's own, or the one an edge to the node names)."""
+    that a gradient flows back into (a root's own, or the one an edge to the node names),
+    along every edge but those `left_out` names (a run's node: the positions of its edges
+    whose gradients it does not make)."""
     reached: dict[Any, set[int]] = {}
     for root in roots:
         if type(root.grad_fn).__name__ == COMPILED:
@@ -60,8 +231,9 @@ def _outputs_reached(roots: list[torch.Tensor]) -> dict[Any, set[int]]:
         if node in seen:
             continue
         seen.add(node)
-        for following, position in node.next_functions:
-            if following is None:
+        skipped = left_out.get(node, set())
+        for edge, (following, position) in enumerate(node.next_functions):
+            if following is None or edge in skipped:
                 continue
             if type(following).__name__ == COMPILED:
                 reached.setdefault(following, set()).add(position)
