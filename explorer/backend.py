@@ -321,24 +321,22 @@ class RematBackend:
     ) -> tuple[fx.GraphModule, Graph, Sizes]:
         """The joint graph, its description and sizes, without the gradients a schedule
         left out (explorer.unread) where one was made for it so: the pruned graph has that
-        schedule's fingerprint or structure, or the layout of a graph planned from one (a
-        graph captured again for any size). Else as captured."""
+        schedule's fingerprint or structure, or, captured again for any size (`sizes`), it
+        takes the schedule of a graph pruned so (`_source_for`). Else as captured."""
         fingerprints = {s.fingerprint for s in self.schedules}
         left_out = {frozenset(s.unread_tangents) for s in self.schedules if s.unread_tangents}
         if not left_out or graph.fingerprint() in fingerprints:
             return joint, graph, sizes
         structures = {s.structure for s in self.schedules}
-        layouts = {fixed.graph.layout() for fixed in self._fixed}
         for tangents in left_out:
             pruned = pruned_joint(joint, graph, num_fwd_outputs, tangents)
             if pruned is None or pruned[1].unread_tangents != sorted(tangents):
                 continue
             described = pruned[1]
-            if (
-                described.fingerprint() in fingerprints
-                or described.structure() in structures
-                or described.layout() in layouts
-            ):
+            if described.fingerprint() in fingerprints or described.structure() in structures:
+                return pruned
+            source = self._source_for(described) if sizes else None
+            if source is not None and source[0].graph.unread_tangents == sorted(tangents):
                 return pruned
         return joint, graph, sizes
 

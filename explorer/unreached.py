@@ -121,7 +121,7 @@ def leaving_unreached(gm: fx.GraphModule, run: Callable[[list], Any]) -> Callabl
                 "this step's loss reads a model output that the schedule was planned "
                 "without a gradient for (the loss it was planned with left it unread, so "
                 "the gradients only it reaches are not computed); plan with the loss this "
-                "loop uses"
+                "loop uses (Planner(loss=...))"
             )
         missing = {name for name in noted & tangents if _all_zero(args[places[name]])}
         results = run(args)
