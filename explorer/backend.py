@@ -203,6 +203,8 @@ class RematBackend:
         self._saved: list[weakref.ref] = []
         self._forward_outputs: dict[int, int] = {}
         self._tangents: dict[int, dict[int, str]] = {}  # explorer.unreached.tangent_outputs
+        # the graphs, by number, a run of which no pre-hook could watch (watch_outputs)
+        self.unwatched: set[int] = set()
         self._partitioned = 0  # graphs planned so far
         self._planned: int | None = None  # the graph just planned, until its forward compiles
         # the graphs captured at fixed sizes, with their schedules: a graph captured later
@@ -222,11 +224,14 @@ class RematBackend:
         compiled = self._compile(gm, example_inputs)
         if self._partitioned == before:  # no training graph: nothing to watch
             return compiled
-        tangents = self._tangents[self._partitioned]
+        number = self._partitioned
+        tangents = self._tangents[number]
 
         def run(*args: Any) -> Any:
             outputs = compiled(*args)
-            watch_outputs(args, outputs, tangents)  # what no used output reaches stays None
+            # what no used output reaches stays None
+            if not watch_outputs(args, outputs, tangents):
+                self.unwatched.add(number)
             return outputs
 
         return run

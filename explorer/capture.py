@@ -126,6 +126,7 @@ class _Recorder(RematBackend):
         self.compiled: list[tuple[fx.GraphModule, Graph, int]] = []
         self.passes: list[CapturedGraph] = []  # one per forward run, in the order they ran
         self._first_pass: dict[int, int] = {}  # compiled graph number -> its first pass
+        self.numbers: list[int] = []  # the compiled graph number of each pass
         self.done = False  # the capture is over: later runs (timing) record nothing
         # called with (forward|backward, start|end) around every run of a planned graph once
         # the capture is over (explorer.eagerpeaks)
@@ -146,6 +147,7 @@ class _Recorder(RematBackend):
             frames = held_by_frames(capture.__code__)
             result = run(args)
             same = self._first_pass.setdefault(number, len(self.passes))
+            self.numbers.append(number)
             self.passes.append(
                 CapturedGraph(
                     joint,
@@ -235,7 +237,8 @@ def capture(
     _refuse_sparse_tensors(captured)
     known = step_inputs_and_state(model, (args, kwargs))
     outputs = output_tensors(result, lambda: known)
-    unread = unread_tangents(captured, [*outputs, *losses], losses or outputs)
+    watched = [number not in recorder.unwatched for number in recorder.numbers]
+    unread = unread_tangents(captured, [*outputs, *losses], losses or outputs, watched)
     leave_out_unread(captured, unread)
     _handoffs(captured, known, [*outputs, *losses], losses)
     _attach_eager_code(captured, [*outputs, *losses], known)

@@ -90,8 +90,8 @@ class Graph:
     model_outputs: list[ValueRef | None]  # flat model outputs (None: not a tensor we track)
     # gradient of each non-tangent placeholder, in placeholder order (None: it gets none)
     input_grads: list[ValueRef | None]
-    # tangents of outputs the loss leaves unread whose parameter gradients were left out of
-    # the graph (explorer.unread): its backward must not be given them
+    # tangents of outputs the loss leaves unread whose gradients were left out of the graph
+    # (explorer.unread): its backward must not be given them
     unread_tangents: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -53,15 +53,16 @@ def tangent_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> dict[int, st
     return found
 
 
-def watch_outputs(inputs: Any, outputs: Any, tangents: dict[int, str]) -> None:
+def watch_outputs(inputs: Any, outputs: Any, tangents: dict[int, str]) -> bool:
     """Give the backward node of one forward run (`inputs`: what the compiled graph was
     given; `outputs`: what it returned) a pre-hook that notes which of `tangents` its
-    outputs do not get."""
+    outputs do not get. False where it has tangents and its node is not found: its backward
+    cannot tell them."""
     if not tangents or not isinstance(outputs, (list, tuple)):
-        return
+        return True
     node = _compiled_node(inputs, outputs)
     if node is None:
-        return
+        return False
 
     def note_missing(grad_outputs: tuple) -> None:
         _pending.missing = frozenset(
@@ -71,6 +72,7 @@ def watch_outputs(inputs: Any, outputs: Any, tangents: dict[int, str]) -> None:
         )
 
     node.register_prehook(note_missing)
+    return True
 
 
 def _compiled_node(inputs: Any, outputs: list | tuple) -> Any:

@@ -8,17 +8,18 @@ graph's backward ends (explorer.unreached then turns the parameters' into None).
 GoogLeNet at batch 2, 64 px, loss on the logits: every point peaked above the unmodified
 model by its auxiliary heads' 25.5 MB of parameter gradients.
 
-So a step captured with a loss is planned on a joint graph without them: each parameter
-gradient that reads only tangents of unread outputs becomes None, and the operators only
-those gradients needed go (`pruned_joint`). The graph's description lists the tangents left
-out (`Graph.unread_tangents`), its schedules carry them, and the runtime prunes the joint
-graphs it captures the same way when a schedule asks for it. A step whose loss reads such an
-output after all (a tangent given, zeros included: `loss + 0 * aux.sum()` makes zero
-gradients, which AdamW decays) is refused in the backward (explorer.unreached), as eager
-PyTorch would compute those gradients and the pruned graph cannot. What stays computed
-from unread outputs (a gradient mixed with the read ones', an activation's gradient handed
-to an earlier graph) is counted (`unread_gradient_bytes`), so that the front can say why it
-lies above the model as it is.
+So a step captured with a loss is planned on a joint graph without them (`pruned_joint`):
+each gradient that reads only tangents of unread outputs becomes None, each term such a
+tangent alone adds to another gradient goes, and so do the operators only those needed. An
+earlier graph's output that only such gradients reach is unread too (`unread_tangents`). The
+graph's description lists the tangents left out (`Graph.unread_tangents`), its schedules
+carry them, and the runtime prunes the joint graphs it captures the same way when a schedule
+asks for it. A step whose loss reads such an output after all (a tangent given, zeros
+included: `loss + 0 * aux.sum()` makes zero gradients, which AdamW decays) is refused in the
+backward (explorer.unreached), as eager PyTorch would compute those gradients and the pruned
+graph cannot. What a plan must still compute from unread outputs (a pass of a loop whose
+compiled graph another pass reads: they share one schedule) is counted
+(`unread_gradient_bytes`), so that the front can say why it lies above the model as it is.
 """
 
 from __future__ import annotations
@@ -40,16 +41,20 @@ if TYPE_CHECKING:
 
 
 def unread_tangents(
-    captured: list[CapturedGraph], outputs: list[torch.Tensor], roots: list[torch.Tensor]
+    captured: list[CapturedGraph],
+    outputs: list[torch.Tensor],
+    roots: list[torch.Tensor],
+    watched: list[bool],
 ) -> list[frozenset[str]]:
     """For each captured run, the tangents of its outputs that the backward from `roots`
     (the loss, or the outputs given gradients) gives no gradient, once the gradients that
     read only such tangents are left out (`leave_out_unread`, which leaves out those that
     every run of a compiled graph leaves unread: they share one schedule): an output of an
-    earlier graph that only those gradients reach is unread too. `outputs`:
-    every tensor the step returned, the loss included, which reach every run. None
-    anywhere where the runs cannot be told apart (a joint graph without descriptors, or
-    runs that cannot be matched to the captured ones)."""
+    earlier graph that only those gradients reach is unread too. `outputs`: every tensor
+    the step returned, the loss included, which reach every run. No tangent anywhere where
+    the runs cannot be told apart (a joint graph without descriptors, or runs that cannot be
+    matched to the captured ones), and none for a graph whose runs are not all `watched`
+    (explorer.unreached.watch_outputs: its backward could not tell them)."""
     runs = compiled_runs(outputs)
     if len(runs) != len(captured):
         return [frozenset()] * len(captured)
@@ -65,6 +70,8 @@ def unread_tangents(
         for same in shared.values():
             for k in same:
                 common[k] = frozenset.intersection(*(found[j] for j in same))
+                if not all(watched[j] for j in same):
+                    found[k] = common[k] = frozenset()
         now = {
             run: _inputs_left_out(graph, run, tangents)
             for run, graph, tangents in zip(runs, captured, common, strict=True)
@@ -106,8 +113,8 @@ def _inputs_left_out(graph: CapturedGraph, run: Any, unread: frozenset[str]) -> 
 
 
 def leave_out_unread(captured: list[CapturedGraph], unread: list[frozenset[str]]) -> None:
-    """Give each captured joint graph, and its description, without the parameter gradients
-    only its unread tangents lead to (module docstring). Runs of one compiled graph share
+    """Give each captured joint graph, and its description, without the gradients only its
+    unread tangents lead to (`pruned_joint`). Runs of one compiled graph share
     one schedule at run time, so a tangent is left out where every run leaves it unread."""
     for runs in _runs_by_graph(captured).values():
         first = captured[runs[0]]
@@ -127,13 +134,13 @@ def leave_out_unread(captured: list[CapturedGraph], unread: list[frozenset[str]]
 def pruned_joint(
     joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int, unread: frozenset[str]
 ) -> tuple[fx.GraphModule, Graph, Sizes] | None:
-    """A copy of `joint` (whose description is `graph`) in which each parameter's gradient
-    that reads tangents, all of them in `unread`, is None, without the operators only those
-    gradients read, and its description, which lists the tangents those gradients read
-    (`Graph.unread_tangents`: what a backward must not be given). None if no gradient goes.
-
-    Only parameters' gradients go: an activation's gradient is handed to an earlier graph,
-    whose plan counts receiving it."""
+    """A copy of `joint` (whose description is `graph`) in which each gradient that reads
+    tangents, all of them in `unread`, is None, and each such term of a sum with another
+    gradient is gone (`_without_unread_terms`), without the operators only those read; and
+    its description, which lists the tangents they read (`Graph.unread_tangents`: what its
+    backward must not be given). None if nothing goes. An activation's gradient that goes
+    is None for the earlier graph that made the activation, which `unread_tangents` counts
+    as unread there."""
     if not unread:
         return None
     new = fx.Graph()

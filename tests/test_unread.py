@@ -173,3 +173,13 @@ _alive: list = []  # a weak reference to the unread input, then whether it was a
 def _note_alive(x: torch.Tensor) -> torch.Tensor:
     _alive.append(_alive.pop()() is not None)
     return x
+
+
+def test_a_graph_whose_backward_cannot_tell_its_unread_outputs_is_planned_whole(monkeypatch):
+    # The pre-hook that tells the backward which outputs got no gradient needs the run's
+    # autograd node; without it, a pruned graph's backward would refuse every step.
+    # catches: such a graph pruned all the same
+    monkeypatch.setattr("explorer.unreached._compiled_node", lambda inputs, outputs: None)
+    torch.manual_seed(0)
+    plan = explorer.Planner(AuxiliaryHead(False), (torch.randn(8, 16),), loss=on_the_head)
+    assert [g.unread_tangents for g in plan.capture()] == [[]]
