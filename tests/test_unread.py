@@ -78,9 +78,8 @@ def test_gradients_only_unread_outputs_reach_are_left_out(broken):
     # not planned: every point was above the model run as it is by the auxiliary head's
     # parameters (GoogLeNet b2 64 px, loss on the logits: from 105.8 MB against 82.2 MB;
     # now from 80.2 MB, verify exact). catches: the gradients still planned, the term in
-    # the trunk's gradient kept, a tangent the plan leaves out not freed before the
-    # backward runs (FX's code holds an input it never reads to its end), and the left-out
-    # tangents lost from the schedule or profile files
+    # the trunk's gradient kept, and the left-out tangents lost from the schedule or
+    # profile files
     torch.manual_seed(0)
     model, x = AuxiliaryHead(broken), torch.randn(8, 16)
     plan = explorer.Planner(model, (x,), loss=on_the_head)
