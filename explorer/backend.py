@@ -205,6 +205,8 @@ class RematBackend:
         self._tangents: dict[int, dict[int, str]] = {}  # explorer.unreached.tangent_outputs
         # the graphs, by number, a run of which no pre-hook could watch (watch_outputs)
         self.unwatched: set[int] = set()
+        # the bytes of the tensor constants the compiled graphs hold, by storage
+        self._constants: dict[int, int] = {}
         self._partitioned = 0  # graphs planned so far
         self._planned: int | None = None  # the graph just planned, until its forward compiles
         # the graphs captured at fixed sizes, with their schedules: a graph captured later
@@ -240,6 +242,7 @@ class RematBackend:
         """The forward, counting its runs when it is a planned graph's (not an inference
         graph's, which has no plan)."""
         run = _boxed(gm, example_inputs)
+        self._note_constants(gm)
         number, self._planned = self._planned, None
         if number is None:
             return run
@@ -263,7 +266,14 @@ class RematBackend:
         return counted
 
     def _compile_backward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
+        self._note_constants(gm)
         return leaving_unreached(gm, _boxed(gm, example_inputs))
+
+    def _note_constants(self, gm: fx.GraphModule) -> None:
+        for node in gm.graph.find_nodes(op="get_attr"):
+            value = getattr(gm, node.target)
+            if _dense(value):
+                self._constants[storage_address(value)] = value.untyped_storage().nbytes()
 
     def _note_saved(self, result: Any, outputs: int, given: set[int]) -> None:
         """Keep weak references to the activations a forward run saved: its saved values but
@@ -276,6 +286,12 @@ class RematBackend:
             for t in result[outputs:]
             if _dense(t) and storage_address(t) not in given
         ]
+
+    def constant_bytes(self) -> int:
+        """The bytes of the tensor constants the compiled graphs hold (a tensor the model's
+        code makes from numbers, `torch.tensor(-100)`), alive as long as the compiled model:
+        the plan counts them with the parameters (BART's one int64, 8 bytes)."""
+        return sum(self._constants.values())
 
     def held_for_backward(self) -> int:
         """The bytes that forward runs saved and that no backward has freed yet (each storage

@@ -44,7 +44,7 @@ of the outputs). Every row of the report is a check that can fail:
 - the measured peak within the budget and within 3% of the predicted peak. Memory is measured on
   CPU with a live-tensor-bytes tracker, on GPU as the bytes requested of the caching allocator
   (`requested_bytes`), both plus the static bytes (parameters, buffers, other tensors the model
-  keeps, inputs): the quantity
+  keeps, inputs, and for the schedule's step the constants its compiled graphs hold): the quantity
   the planner predicts. On GPU that step runs with the user's kernel settings, and
   `torch.cuda.max_memory_allocated` (the allocator's rounded blocks) and the reserved peak are
   reported beside it.
@@ -534,9 +534,13 @@ def verify(
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
             ref_peak, new_peak, allocated, reserved = _cuda_peaks(reference, wrapped, steps)
-        report.measurements["CUDA allocated peak (bytes)"] = static + allocated
+        report.measurements["CUDA allocated peak (bytes)"] = (
+            static + wrapped.backend.constant_bytes() + allocated
+        )
         report.measurements["CUDA reserved peak (bytes)"] = reserved
-    report.rows.append(_peak_row(static + new_peak, schedule))
+    # the wrapped model's compiled graphs hold constants, counted by the plan as static
+    new_static = static + wrapped.backend.constant_bytes()
+    report.rows.append(_peak_row(new_static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
     report.measurements.update(_timings(reference, wrapped, steps, seconds, cancel))
     return report
