@@ -238,8 +238,8 @@ def capture(
     known = step_inputs_and_state(model, (args, kwargs))
     outputs = output_tensors(result, lambda: known)
     watched = [number not in recorder.unwatched for number in recorder.numbers]
-    unread = unread_tangents(captured, [*outputs, *losses], losses or outputs, watched)
-    leave_out_unread(captured, unread)
+    unread, shared = unread_tangents(captured, [*outputs, *losses], losses or outputs, watched)
+    leave_out_unread(captured, shared)
     _handoffs(captured, known, [*outputs, *losses], losses)
     _attach_eager_code(captured, [*outputs, *losses], known)
     unreached = unreached_parameters(model, [*outputs, *losses])

@@ -45,7 +45,7 @@ def unread_tangents(
     outputs: list[torch.Tensor],
     roots: list[torch.Tensor],
     watched: list[bool],
-) -> list[frozenset[str]]:
+) -> tuple[list[frozenset[str]], list[frozenset[str]]]:
     """For each captured run, the tangents of its outputs that the backward from `roots`
     (the loss, or the outputs given gradients) gives no gradient, once the gradients that
     read only such tangents are left out (`leave_out_unread`, which leaves out those that
@@ -54,30 +54,37 @@ def unread_tangents(
     the step returned, the loss included, which reach every run. No tangent anywhere where
     the runs cannot be told apart (a joint graph without descriptors, or runs that cannot be
     matched to the captured ones), and none for a graph whose runs are not all `watched`
-    (explorer.unreached.watch_outputs: its backward could not tell them)."""
+    (explorer.unreached.watch_outputs: its backward could not tell them). Returns them
+    twice: each run's own, and those all runs of its compiled graph share (what
+    `leave_out_unread` leaves out)."""
     runs = compiled_runs(outputs)
     if len(runs) != len(captured):
-        return [frozenset()] * len(captured)
+        return [frozenset()] * len(captured), [frozenset()] * len(captured)
     shared = _runs_by_graph(captured)
+    tangents = [tangent_outputs(g.joint, g.num_fwd_outputs) for g in captured]
+    reads = {id(g.joint): tangents_read(g.joint.graph) for g in captured}
     left_out: dict[Any, set[int]] = {}  # run -> its inputs whose gradients are left out
     while True:
         reached = _outputs_reached(roots, left_out)
-        found = []
-        for run, graph in zip(runs, captured, strict=True):
-            tangents = tangent_outputs(graph.joint, graph.num_fwd_outputs)
-            found.append(frozenset(n for k, n in tangents.items() if k not in reached.get(run, ())))
-        common = found.copy()
+        own = [
+            frozenset(name for k, name in by_output.items() if k not in reached.get(run, ()))
+            for run, by_output in zip(runs, tangents, strict=True)
+        ]
+        common = own.copy()
         for same in shared.values():
+            if not all(watched[j] for j in same):
+                for k in same:
+                    own[k] = common[k] = frozenset()
+                continue
+            together = frozenset.intersection(*(own[j] for j in same))
             for k in same:
-                common[k] = frozenset.intersection(*(found[j] for j in same))
-                if not all(watched[j] for j in same):
-                    found[k] = common[k] = frozenset()
+                common[k] = together
         now = {
-            run: _inputs_left_out(graph, run, tangents)
-            for run, graph, tangents in zip(runs, captured, common, strict=True)
+            run: _inputs_left_out(graph, run, unread, reads[id(graph.joint)])
+            for run, graph, unread in zip(runs, captured, common, strict=True)
         }
         if now == left_out:
-            return found
+            return own, common
         left_out = now
 
 
@@ -89,10 +96,13 @@ def _runs_by_graph(captured: list[CapturedGraph]) -> dict[int, list[int]]:
     return shared
 
 
-def _inputs_left_out(graph: CapturedGraph, run: Any, unread: frozenset[str]) -> set[int]:
+def _inputs_left_out(
+    graph: CapturedGraph, run: Any, unread: frozenset[str], reads: dict[fx.Node, frozenset[str]]
+) -> set[int]:
     """The positions of the graph run's inputs (of its autograd node's edges) whose
-    gradients read only `unread` tangents; none where the node's edges cannot be matched to
-    the graph's inputs (each parameter's edge must lead to that parameter)."""
+    gradients read only `unread` tangents (`reads`: of its joint graph's nodes); none where
+    the node's edges cannot be matched to the graph's inputs (each parameter's edge must
+    lead to that parameter)."""
     if not unread:
         return set()
     (output,) = graph.joint.graph.find_nodes(op="output")
@@ -104,7 +114,6 @@ def _inputs_left_out(graph: CapturedGraph, run: Any, unread: frozenset[str]) -> 
         variable = getattr(following, "variable", None)
         if variable is not None and variable is not given:
             return set()
-    reads = tangents_read(graph.joint.graph)
     return {
         k
         for k, value in enumerate(values)
@@ -112,18 +121,12 @@ def _inputs_left_out(graph: CapturedGraph, run: Any, unread: frozenset[str]) -> 
     }
 
 
-def leave_out_unread(captured: list[CapturedGraph], unread: list[frozenset[str]]) -> None:
-    """Give each captured joint graph, and its description, without the gradients only its
-    unread tangents lead to (`pruned_joint`). Runs of one compiled graph share
-    one schedule at run time, so a tangent is left out where every run leaves it unread."""
+def leave_out_unread(captured: list[CapturedGraph], shared: list[frozenset[str]]) -> None:
+    """Give each captured joint graph, and its description, without the gradients only the
+    unread tangents all its runs share lead to (`pruned_joint`; `unread_tangents`)."""
     for runs in _runs_by_graph(captured).values():
         first = captured[runs[0]]
-        pruned = pruned_joint(
-            first.joint,
-            first.graph,
-            first.num_fwd_outputs,
-            frozenset.intersection(*(unread[k] for k in runs)),
-        )
+        pruned = pruned_joint(first.joint, first.graph, first.num_fwd_outputs, shared[runs[0]])
         if pruned is None:
             continue
         joint, graph, _sizes = pruned
@@ -146,9 +149,11 @@ def pruned_joint(
     new = fx.Graph()
     values, old_output = new.graph_copy(joint.graph, {}, return_output_node=True)
     values = list(values) if isinstance(values, (list, tuple)) else [values]
-    replaced, dropped = _without_unread_terms(new, unread)
-    values = [replaced.get(v, v) if isinstance(v, fx.Node) else v for v in values]
+    # which reads only unread tangents, and which reads others too, is the same before and
+    # after a term goes (it reads only unread ones), so the reads are found once
     reads = tangents_read(new)
+    replaced, dropped = _without_unread_terms(new, unread, reads)
+    values = [replaced.get(v, v) if isinstance(v, fx.Node) else v for v in values]
     roles = {n.name: n.role for n in graph.nodes}
     primals = [n for n in new.find_nodes(op="placeholder") if not is_tangent(n)]
     for k in range(len(primals)):
@@ -174,19 +179,16 @@ def pruned_joint(
 
 
 def _without_unread_terms(
-    graph: fx.Graph, unread: frozenset[str]
+    graph: fx.Graph, unread: frozenset[str], read: dict[fx.Node, frozenset[str]]
 ) -> tuple[dict[fx.Node, fx.Node], set[str]]:
     """Make each sum of a gradient and a term that reads only `unread` tangents (the term
     the backward of an unread output adds where it meets the read outputs' backward: eager
     PyTorch never computes it) the gradient alone. Returns each sum made so and the gradient
     it now is, and the tangents the terms left out read. A sum that would change a shape or
-    dtype stays."""
+    dtype stays. `read`: the tangents each node reads."""
     replaced: dict[fx.Node, fx.Node] = {}
     dropped: set[str] = set()
-    read: dict[fx.Node, frozenset[str]] = {}
     for node in list(graph.nodes):
-        own = frozenset([node.name]) if is_tangent(node) else frozenset()
-        read[node] = own.union(*(read[i] for i in node.all_input_nodes))
         if node.target is not torch.ops.aten.add.Tensor or len(node.args) != 2:
             continue
         terms = [a for a in node.args if isinstance(a, fx.Node)]
@@ -197,7 +199,6 @@ def _without_unread_terms(
             if _same_kind(kept, node):
                 node.replace_all_uses_with(kept)
                 replaced[node] = kept
-                read[node] = read[kept]
                 dropped |= read[gone]
     return replaced, dropped
 

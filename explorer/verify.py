@@ -531,15 +531,13 @@ def verify(
     checked = [*rows.values(), *([recomputation] if recomputation else [])]
     report = VerifyReport(str(path), [_plan_row(wrapped), *checked])
     ref_peak, new_peak = ref_meter.peak_bytes, new_meter.peak_bytes
+    # the wrapped model's compiled graphs hold constants, counted by the plan as static
+    new_static = static + wrapped.backend.constant_bytes()
     if dev.type == "cuda":  # the peak as the user's kernel settings give it
         with _explained(path, schedule):
             ref_peak, new_peak, allocated, reserved = _cuda_peaks(reference, wrapped, steps)
-        report.measurements["CUDA allocated peak (bytes)"] = (
-            static + wrapped.backend.constant_bytes() + allocated
-        )
+        report.measurements["CUDA allocated peak (bytes)"] = new_static + allocated
         report.measurements["CUDA reserved peak (bytes)"] = reserved
-    # the wrapped model's compiled graphs hold constants, counted by the plan as static
-    new_static = static + wrapped.backend.constant_bytes()
     report.rows.append(_peak_row(new_static + new_peak, schedule))
     report.measurements["peak memory, unmodified model (bytes)"] = static + ref_peak
     report.measurements.update(_timings(reference, wrapped, steps, seconds, cancel))
