@@ -30,7 +30,7 @@ from explorer.backend import (
     module_inside,
     parameter_signature,
 )
-from explorer.capture import CapturedGraph, capture
+from explorer.capture import CapturedGraph, capture, timed_runtime
 from explorer.devices import PREDICTED
 from explorer.eagerpeaks import EagerPeaks, measure_eager_peaks
 from explorer.errors import OtherStep, UserError
@@ -209,14 +209,9 @@ class Planner:
         """The whole step timed unmodified and under the runtime, and the moments of code
         outside the graphs (explorer.stepcost, explorer.eagerpeaks)."""
         assert self._captured is not None
-        first_run = self._captured[0]
-        assert first_run.runtime is not None and first_run.backend is not None
+        runtime, backend = timed_runtime(self._captured)
         wrapped = RematModule.over(
-            self.model,
-            first_run.backend,
-            first_run.runtime,
-            self.example_inputs,
-            self.example_kwargs,
+            self.model, backend, runtime, self.example_inputs, self.example_kwargs
         )
         times = measure_step_times(
             self.model,
@@ -224,7 +219,7 @@ class Planner:
             self.example_kwargs,
             autocast=self.autocast,
             runtime=wrapped,
-            set_marker=first_run.backend.set_marker,
+            set_marker=backend.set_marker,
             cancel=cancel,
             loss=self.loss,
         )
