@@ -172,6 +172,18 @@ def optional_seconds(value: object) -> float | None:
     return seconds
 
 
+def optional_share(value: object) -> float | None:
+    """A measured share (a spread, a ratio less one) read from a JSON file that may be absent
+    or null (older files: None); raises ValueError (TypeError for a value that is no number)
+    on anything but a finite number >= 0."""
+    if value is None:
+        return None
+    share = float(value)  # type: ignore[arg-type]
+    if not (math.isfinite(share) and share >= 0):
+        raise ValueError(f"{value!r} is not a share")
+    return share
+
+
 class _NotFinite(ValueError):
     pass
 

@@ -398,6 +398,8 @@ class Planner:
             unread_gradient_bytes=self._captured[0].unread_gradient_bytes if self._captured else 0,
             unmodified_faults=times.eager_faults if times else None,
             unmodified_step_seconds=times.eager_seconds if times else None,
+            runtime_graph_seconds=times.graph_seconds if times else None,
+            timing_spread=times.spread if times else None,
             context=self,
         )
 

@@ -25,7 +25,13 @@ from explorer.capture import CapturedGraph
 from explorer.eagerpeaks import EagerPeaks
 from explorer.errors import RematWarning, UserError
 from explorer.execute import op_table, store
-from explorer.files import optional_count, optional_seconds, read_json, write_atomic
+from explorer.files import (
+    optional_count,
+    optional_seconds,
+    optional_share,
+    read_json,
+    write_atomic,
+)
 from explorer.fxgraph import is_tangent
 from explorer.graph import Graph
 from explorer.memory import requested_bytes
@@ -196,8 +202,9 @@ def _step_times(data: dict | None) -> StepTimes | None:
         float(data["eager_seconds"]),
         float(data["runtime_seconds"]),
         float(data["factor"]),
-        optional_seconds(data.get("graph_seconds")),  # these two absent in older files
+        optional_seconds(data.get("graph_seconds")),  # these three absent in older files
         optional_count(data.get("eager_faults"), "page faults"),
+        optional_share(data.get("spread")),
     )
     measured = [times.eager_seconds, times.runtime_seconds, times.factor]
     if not all(math.isfinite(t) and t > 0 for t in measured):

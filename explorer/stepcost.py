@@ -47,6 +47,7 @@ from explorer.memory import time_step
 from explorer.modelstate import device_of, grad_holders, kept
 from explorer.pagefaults import faults_of, median_faults
 from explorer.progress import CancelToken, check_cancel
+from explorer.timingcheck import ratio_spread
 from explorer.timingrounds import another_round, timing_seconds
 from explorer.verify import step_autocast, training_step
 
@@ -89,13 +90,15 @@ class StepTimes:
     where recomputed operators run too (None: not measured, as on CUDA, whose kernels run
     after the Python that queues them). `eager_faults`: the unmodified step's minor page
     faults, the median over its timed steps, on the CPU (explorer.pagefaults; None: not
-    counted)."""
+    counted). `spread`: the interquartile range of the rounds' ratios over their median
+    (explorer.timingcheck; None: too few rounds, or not measured)."""
 
     eager_seconds: float
     runtime_seconds: float
     factor: float
     graph_seconds: float | None = None
     eager_faults: int | None = None
+    spread: float | None = None
 
 
 class _InsideGraphs:
@@ -195,4 +198,5 @@ def measure_step_times(
         factor=statistics.median(ratios) if ratios else 1.0,
         graph_seconds=statistics.median(inside[1:]) if marking else None,  # after the warm-up
         eager_faults=median_faults(faults) if device.type == "cpu" else None,
+        spread=ratio_spread(ratios),
     )

@@ -12,12 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from explorer.errors import UserError
-from explorer.files import optional_count, optional_seconds, read_json, write_atomic
+from explorer.files import (
+    optional_count,
+    optional_seconds,
+    optional_share,
+    read_json,
+    write_atomic,
+)
 from explorer.pagefaults import front_fault_note
 from explorer.progress import CancelToken, ProgressFn, check_cancel, report
 from explorer.schedule import Schedule
 from explorer.solve import LARGE_SWEEP_TOTAL, Solver
 from explorer.solvers.answers import relative_gap
+from explorer.timingcheck import timing_note
 from explorer.units import below_minimum, format_bytes, parse_budget
 
 SCHEMA = 2
@@ -89,6 +96,10 @@ class Front:
     # (explorer.stepcost; None: not counted, as on CUDA or for a front planned by name)
     unmodified_faults: int | None = None
     unmodified_step_seconds: float | None = None
+    # the runtime's no-recompute step when profiled: its seconds inside its graphs, and the
+    # spread of the timed rounds' ratios (explorer.timingcheck; None: not measured)
+    runtime_graph_seconds: float | None = None
+    timing_spread: float | None = None
     context: object | None = field(default=None, repr=False)
 
     def at_budget(self, budget: int | str | float) -> Schedule:
@@ -136,9 +147,10 @@ class Front:
     def notes(self) -> list[str]:
         """What is said under the front, in words, where it holds: how far its least peak is
         from the floor, that its points are the table's answers, points above the unmodified
-        model, what the runtime costs with nothing recomputed, and the unmodified step's page
-        faults."""
+        model, what the runtime costs with nothing recomputed, the unmodified step's page
+        faults, and timings that other work on the machine disturbed."""
         found = (
+            self.timing_note(),
             self.floor_note(),
             self.table_note(),
             self.unmodified_note(),
@@ -146,6 +158,13 @@ class Front:
             self.faults_note(),
         )
         return [note for note in found if note]
+
+    def timing_note(self) -> str | None:
+        """Where the profile's timings look disturbed by other work on the machine, in
+        words (explorer.timingcheck); None otherwise or where not measured."""
+        return timing_note(
+            self.runtime_graph_seconds, self.baseline_step_seconds, self.timing_spread
+        )
 
     def runtime_note(self) -> str | None:
         """Where the wrapped model's step with nothing recomputed was timed 3% or more off
@@ -252,6 +271,8 @@ class Front:
             "unread_gradient_bytes": self.unread_gradient_bytes,
             "unmodified_page_faults": self.unmodified_faults,
             "unmodified_step_seconds": self.unmodified_step_seconds,
+            "runtime_graph_seconds": self.runtime_graph_seconds,
+            "timing_spread": self.timing_spread,
             "points": [p.to_dict() for p in self.points],
         }
 
@@ -280,6 +301,8 @@ class Front:
                 unread_gradient_bytes=optional_count(data.get("unread_gradient_bytes")) or 0,
                 unmodified_faults=optional_count(data.get("unmodified_page_faults"), "page faults"),
                 unmodified_step_seconds=optional_seconds(data.get("unmodified_step_seconds")),
+                runtime_graph_seconds=optional_seconds(data.get("runtime_graph_seconds")),
+                timing_spread=optional_share(data.get("timing_spread")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise UserError(f"{path}: corrupt front file ({type(exc).__name__}: {exc})") from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, replace
 
 import pytest
@@ -21,6 +22,7 @@ from explorer.pagefaults import minor_faults
 from explorer.profile import StepProfile
 from explorer.schedule import Schedule
 from explorer.sweep import Front
+from explorer.timingcheck import ratio_spread
 from explorer.timingrounds import (
     MAX_ROUNDS,
     TIMING_SECONDS,
@@ -113,9 +115,14 @@ def test_the_step_is_timed_unmodified_and_under_the_runtime(profiled, tmp_path):
     data = json.loads((tmp_path / "profile.json").read_text())
     del data["step_times"]["graph_seconds"]  # from before they were measured
     del data["step_times"]["eager_faults"]
+    del data["step_times"]["spread"]
     (tmp_path / "older.json").write_text(json.dumps(data))
     older = StepProfile.load(tmp_path / "older.json").step_times
-    assert older.graph_seconds is None and older.eager_faults is None
+    assert older.graph_seconds is None and older.eager_faults is None and older.spread is None
+    data["step_times"] = {**asdict(times), "spread": -0.5}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="not a valid profile.*-0.5 is not a share"):
+        StepProfile.load(tmp_path / "bad.json")
     data["step_times"] = {**asdict(times), "eager_faults": -3}
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="not a valid profile.*-3 is not a count of page faults"):
@@ -158,13 +165,15 @@ def test_a_short_step_is_timed_in_as_many_rounds_as_fit_in_the_timing_seconds(mo
     monkeypatch.setattr(stepcost, "time_step", a_quarter_of_a_second)
     monkeypatch.delenv(TIMING_SECONDS_VARIABLE)  # a user's: tests time the least rounds
     plan = planner("sample:tiny_cnn", 2, 16)
-    stepcost.measure_step_times(plan.model, plan.example_inputs, {})
+    times = stepcost.measure_step_times(plan.model, plan.example_inputs, {})
     rounds = (len(timed) - 2) // 2  # after the warm-up's two steps
     assert rounds == TIMING_SECONDS / 0.5 < MAX_ROUNDS
+    assert times.spread == 0.0  # every round's ratio 1 (explorer.timingcheck)
     timed.clear()
     monkeypatch.setenv(TIMING_SECONDS_VARIABLE, "0")
-    stepcost.measure_step_times(plan.model, plan.example_inputs, {})
+    times = stepcost.measure_step_times(plan.model, plan.example_inputs, {})
     assert (len(timed) - 2) // 2 == stepcost.LEAST_ROUNDS
+    assert times.spread is None  # too few rounds to tell
 
 
 def test_predicted_overheads_are_against_the_unmodified_step(profiled, tmp_path):
@@ -204,6 +213,46 @@ def test_the_front_says_what_the_runtime_costs_with_nothing_recomputed(profiled,
     assert "timed at -4.0%" in replace(front, runtime_factor=0.96).runtime_note()
     for within in (1.0, 1.029, 0.971):
         assert replace(front, runtime_factor=within).runtime_note() is None
+
+
+def test_the_front_says_when_other_work_disturbed_the_profile_s_timings(profiled, tmp_path):
+    # With two busy processes beside it on this 2-core machine, GoogLeNet's profile read the
+    # runtime's graphs at 2.97x their operators' profiled seconds, and every point of its
+    # sweep at -82.5% where verify measured +15%, with no word. catches: the front without
+    # the runtime's graph seconds or the rounds' spread (or its file without them), no note
+    # where either says the timings were disturbed, or a note on a quiet machine's front
+    # (pace 1.01 to 1.06, spread 3% to 10% measured here)
+    plan, profile = profiled
+    plan.solver(name="table")
+    front = plan.sweep(points=2)
+    assert front.runtime_graph_seconds == profile.step_times.graph_seconds
+    assert front.timing_spread == profile.step_times.spread
+    profiled_seconds = front.baseline_step_seconds
+    quiet = replace(front, runtime_graph_seconds=1.06 * profiled_seconds, timing_spread=0.1)
+    assert quiet.timing_note() is None and quiet.timing_note() not in quiet.notes()
+    busy = replace(quiet, runtime_graph_seconds=2.97 * profiled_seconds)
+    assert busy.timing_note() in busy.notes()
+    assert "graphs ran at 2.97x their operators' profiled time" in busy.timing_note()
+    assert "predicted overheads may be far off" in busy.timing_note()
+    idle = replace(quiet, runtime_graph_seconds=0.24 * profiled_seconds)
+    assert "ran at 0.24x" in idle.timing_note()
+    moved = replace(quiet, timing_spread=0.59)
+    assert "ratio to the unmodified one moved 59% between rounds" in moved.timing_note()
+    again = Front.load(busy.save(tmp_path / "front.json"))
+    assert again.timing_note() == busy.timing_note()
+    data = json.loads((tmp_path / "front.json").read_text())
+    del data["runtime_graph_seconds"], data["timing_spread"]  # an older file
+    (tmp_path / "older.json").write_text(json.dumps(data))
+    assert Front.load(tmp_path / "older.json").timing_note() is None
+
+
+def test_the_spread_of_the_rounds_is_told_from_four_rounds_on():
+    # catches: a spread judged from one or two rounds, or measured other than as the
+    # interquartile range over the median
+    assert ratio_spread([1.0, 3.0, 0.2]) is None
+    assert ratio_spread([1.0, 1.0, 1.0, 1.0]) == 0.0
+    low, middle, high = statistics.quantiles([0.9, 1.0, 1.1, 1.2, 2.0], n=4)
+    assert ratio_spread([0.9, 1.0, 1.1, 1.2, 2.0]) == pytest.approx((high - low) / middle)
 
 
 def test_a_plan_with_the_no_recompute_seconds_costs_exactly_the_runtime_share():
