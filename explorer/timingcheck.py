@@ -2,9 +2,11 @@
 
 Every predicted overhead rests on the profile's timings: the operators' seconds, and the whole
 step timed unmodified and under the runtime (explorer.stepcost). On a quiet machine they
-agree: the runtime's compiled graphs ran at 1.01x to 1.06x the seconds their operators were
+agree: the runtime's compiled graphs ran at 0.97x to 1.14x the seconds their operators were
 profiled at (googlenet b2 64 px, resnet18 b16 64 px, resnet50 b8 128 px, sample:tiny_cnn b4
-32 px), and the rounds' ratios of the two steps spread 3% to 10% around their median. With
+32 px, sample:gpt b8 256, mobilenet_v2 b16 96 px, sample:unet b2 32 px, efficientnet_b0 b4
+64 px, swin_t b2 64 px), and the rounds' ratios of the two steps spread 3% to 12% around
+their median. With
 two other processes busy on this 2-core machine they did not: the graphs ran at 2.6x and
 0.24x their profiled seconds (googlenet, resnet18), the ratios spread 30% to 215%, and a
 sweep of GoogLeNet printed -82.5% overhead at every point, where verify measured +15%.

@@ -221,7 +221,7 @@ def test_the_front_says_when_other_work_disturbed_the_profile_s_timings(profiled
     # sweep at -82.5% where verify measured +15%, with no word. catches: the front without
     # the runtime's graph seconds or the rounds' spread (or its file without them), no note
     # where either says the timings were disturbed, or a note on a quiet machine's front
-    # (pace 1.01 to 1.06, spread 3% to 10% measured here)
+    # (pace 0.97 to 1.14, spread 3% to 12% measured here on nine models)
     plan, profile = profiled
     plan.solver(name="table")
     front = plan.sweep(points=2)
