@@ -25,7 +25,9 @@ left out. So the LP's values bound every schedule of the space, of the chain's b
 order (not autograd's own, outside the space). On the small graphs of bench/small_graphs.py
 its least peak is within 0.01% of the exact solver's proven least peak; its seconds are
 weaker, and far from the optimum where recomputations come in chains (docs/BENCHMARKS.md,
-"Lower bounds").
+"Lower bounds"). Where a step is small enough, explorer.solvers.lastmade adds where each
+storage made again was last made before its reader, which shows the least peak a window's
+own moment (binaries, whole in that solve).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 import pulp
 
 from explorer.solvers import cbc
+from explorer.solvers.lastmade import last_made_rows
 from explorer.solvers.milp import GE, LE, Relaxation, StepMilp, _row, forward_rows
 
 SLACK = 1e-6  # share of a bound given up for CBC's printed digits (see milp.CARRY_SLACK)
@@ -56,6 +59,8 @@ class FloorPart:
     saved_bytes: dict[pulp.LpVariable, int]
     nothing_again: dict[pulp.LpVariable, float]
     decisions: list[pulp.LpVariable]
+    # binaries the least peak is solved with whole (explorer.solvers.lastmade)
+    branched: list[pulp.LpVariable]
 
 
 class FloorLp:
@@ -70,6 +75,7 @@ class FloorLp:
         self.peak: pulp.LpVariable | None = None
         self.time_cost: pulp.LpAffineExpression | None = None
         self.decisions: list[pulp.LpVariable] = []  # 0 or 1 at every schedule's point
+        self.branched: list[pulp.LpVariable] = []  # whole in the least peak's solve
 
     def _build(self) -> pulp.LpProblem:
         raise NotImplementedError
@@ -84,10 +90,17 @@ class FloorLp:
         prob = self._problem()
         self.peak.upBound = None
         prob.setObjective(pulp.lpSum([self.peak]))
-        outcome = cbc.solve(prob, time_limit, relax=True)
-        if not outcome.optimal or outcome.objective is None:
+        for x in self.branched:
+            x.cat = pulp.LpInteger
+        try:
+            outcome = cbc.solve(prob, time_limit, relax=not self.branched)
+        finally:
+            for x in self.branched:
+                x.cat = pulp.LpContinuous
+        found = outcome.objective if outcome.optimal else outcome.bound if self.branched else None
+        if found is None:
             return None
-        return max(0, math.floor(outcome.objective / self.scale * (1 - SLACK)))
+        return max(0, math.floor(found / self.scale * (1 - SLACK)))
 
     def within(self, budget: int, time_limit: float | None) -> Relaxation | None:
         """The least recomputation seconds within `budget` as this relaxation counts them,
@@ -141,6 +154,7 @@ class StepFloor(FloorLp):
         self.peak = prob.add_variable("peak", 0)
         part = self.add_graph(prob, self.peak, self.scale)
         self.decisions = part.decisions
+        self.branched = part.branched
         for row in part.memory:
             prob += row
         self.time_cost = pulp.lpSum(
@@ -196,6 +210,8 @@ class StepFloor(FloorLp):
             prob += _row(terms, 0, GE)
             pairs.append((s, u, nbytes, apart))
         memory.extend(self._backward_rows(peak, scale, storages, last_stage, made, pairs))
+        options = last_made_rows(prob, prefix, milp, storages, saved, made, peak, scale)
+        memory.extend(options.memory)
         memory.append(_row({peak: -1}, facts.end_bytes * scale, LE))
         # an operator only the backward reads (mobilenet_v2's clone before each ReLU6) is
         # left out of the forward when it is made again instead of saved: it may cost nothing
@@ -203,12 +219,14 @@ class StepFloor(FloorLp):
             x: milp.seconds.get(a, 0.0) for a, x in again.items() if a not in milp.backward_only
         }
         nothing_again = {saved[r]: 1.0 for r in last_stage if r in saved}
+        nothing_again.update(options.nothing_again)
         return FloorPart(
             memory,
             seconds,
             {x: s.nbytes for s, x in kept},
             nothing_again,
-            [*again.values(), *saved.values()],
+            [*again.values(), *saved.values(), *options.whole],
+            options.whole,
         )
 
     def _pairs(self, storages: dict, last_stage: dict) -> list[tuple]:

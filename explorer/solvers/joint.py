@@ -74,6 +74,7 @@ class JointFloor(FloorLp):
             for x, nbytes in parts[n].saved_bytes.items():
                 beside[x] = beside.get(x, 0.0) + nbytes * self.scale
         self.decisions = [x for part in parts for x in part.decisions]
+        self.branched = [x for part in parts for x in part.branched]
         runs = [self.solver_of.count(n) for n in range(len(parts))]
         self.time_cost = pulp.lpSum(
             count * seconds / self.time_unit * x
