@@ -139,12 +139,7 @@ class _Recorder(RematBackend):
         if number is None:  # a graph without gradients
             return run
         if self.done:  # compiled for timing (timed_runtime)
-
-            def marking(args: list) -> Any:
-                return self._marked(FORWARD, run, args)
-
-            marking._boxed_call = True  # type: ignore[attr-defined]
-            return marking
+            return self._marking(FORWARD, run)
         joint, graph, num_fwd_outputs = self.compiled[number - 1]
 
         def recording(args: list) -> Any:
@@ -175,10 +170,13 @@ class _Recorder(RematBackend):
         self.marker = marker
 
     def _compile_backward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
-        run = super()._compile_backward(gm, example_inputs)
+        return self._marking(BACKWARD, super()._compile_backward(gm, example_inputs))
+
+    def _marking(self, kind: str, run: Callable[[list], Any]) -> Callable[[list], Any]:
+        """`run` (boxed), marked at its start and end once a marker is set."""
 
         def marking(args: list) -> Any:
-            return self._marked(BACKWARD, run, args)
+            return self._marked(kind, run, args)
 
         marking._boxed_call = True  # type: ignore[attr-defined]
         return marking

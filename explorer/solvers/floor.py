@@ -177,9 +177,11 @@ class StepFloor(FloorLp):
         again = {a: prob.add_variable(f"{prefix}x{k}", 0, 1) for k, a in enumerate(runs)}
         useful = sorted(milp.useful[0]) if milp.n else []
         saved = {r: prob.add_variable(f"{prefix}s{k}", 0, 1) for k, r in enumerate(useful)}
+        first_stage: dict = {}
         last_stage: dict = {}
         for i, reads in enumerate(milp.reads):
             for r in reads:
+                first_stage.setdefault(r, i)
                 last_stage[r] = i
 
         def made(r) -> pulp.LpVariable | None:
@@ -210,7 +212,9 @@ class StepFloor(FloorLp):
             prob += _row(terms, 0, GE)
             pairs.append((s, u, nbytes, apart))
         memory.extend(self._backward_rows(peak, scale, storages, last_stage, made, pairs))
-        options = last_made_rows(prob, prefix, milp, storages, saved, made, peak, scale)
+        options = last_made_rows(
+            prob, prefix, milp, storages, (first_stage, last_stage), saved, made, peak, scale
+        )
         memory.extend(options.memory)
         memory.append(_row({peak: -1}, facts.end_bytes * scale, LE))
         # an operator only the backward reads (mobilenet_v2's clone before each ReLU6) is

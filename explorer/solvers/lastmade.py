@@ -51,28 +51,31 @@ def last_made_rows(
     prefix: str,
     milp: StepMilp,
     storages: dict,
+    stages_reading: tuple[dict, dict],
     saved: dict,
     made: Callable,
     peak: pulp.LpVariable,
     scale: float,
 ) -> Options:
     """The options and rows above for `storages` (the floor's: not held, with bytes), added
-    to `prob`; `saved` and `made` are the floor's variables (made: a storage's maker's
-    `again`, None where nothing can make it again)."""
+    to `prob`; `stages_reading`: each read storage's first and last stage reader; `saved`
+    and `made` are the floor's variables (made: a storage's maker's `again`, None where
+    nothing can make it again)."""
     facts, sc = milp.facts, scale
-    first: dict = {}
-    last: dict = {}
-    for i, reads in enumerate(milp.reads):
-        for r in reads:
-            first.setdefault(r, i)
-            last[r] = i
+    first, last = stages_reading
     chosen = [r for r in storages if r in first and r in saved and made(r) is not None]
     out = Options()
     if not chosen or len(chosen) > MAX_STORAGES:
         return out
 
-    def kept_from(k: int) -> set:  # read from stage k on and never made again: allocated
-        return {r for r in storages if last.get(r, -1) >= k and made(r) is None}
+    # by stage k: the storages read from k on that nothing makes again (allocated)
+    never_again = {r: last[r] for r in storages if r in last and made(r) is None}
+    kept_from: dict[int, set] = {}
+
+    def kept_at(k: int) -> set:
+        if k not in kept_from:
+            kept_from[k] = {r for r, final in never_again.items() if final >= k}
+        return kept_from[k]
 
     alive: dict[int, dict] = {}  # stage -> {storage: the options that keep it allocated}
     for r in chosen:
@@ -87,7 +90,7 @@ def last_made_rows(
         prob += _row(dict.fromkeys(every, 1), -1, GE)
         maker = milp.maker[r]
         for k, x in options.items():
-            kept = kept_from(k)
+            kept = kept_at(k)
             inputs = {u for u in milp.ops_reads[maker] if u in storages and u not in kept}
             nbytes = storages[r].nbytes + sum(storages[u].nbytes for u in inputs - {r})
             const = facts.backward_before[milp.stages[k]] + sum(storages[u].nbytes for u in kept)
@@ -98,7 +101,7 @@ def last_made_rows(
                 keeping.append(earlier)
             alive.setdefault(j, {})[r] = keeping
     for j, kept_by in sorted(alive.items()):
-        kept = kept_from(j)
+        kept = kept_at(j)
         out.memory.append(_stage_row(prob, prefix, milp, storages, kept, kept_by, j, peak, sc, out))
     return out
 
