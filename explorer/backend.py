@@ -91,6 +91,7 @@ from explorer.carry import (
 from explorer.errors import RematError, RematWarning
 from explorer.fxgraph import describe_with_sizes
 from explorer.graph import FORWARD, Graph
+from explorer.inplace import mark_in_place, write_in_place
 from explorer.modelstate import storage_address
 from explorer.partition import partition
 from explorer.program import (
@@ -335,6 +336,9 @@ class RematBackend:
         schedule = self._schedule_for(joint, graph, num_fwd_outputs, sizes)
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
+        if len(self.schedules) == 1 and not sizes:  # a plan of one graph run once
+            program = mark_in_place(graph, compile_program(graph, schedule))
+            write_in_place(forward, backward, program)
         return forward, backward
 
     def _as_planned(

@@ -273,9 +273,7 @@ def _outputs(node: fx.Node, device: str) -> list[tuple[TensorMeta, tuple, object
     (SymInts where symbolic); None for an output that is not a tensor."""
     val = node.meta.get("val")
     vals = list(val) if isinstance(val, (tuple, list)) else [val]
-    aliases = _alias_positions(node)
-    if isinstance(val, list) and _returns_view_list(node):  # split, unbind, chunk: all views
-        aliases = [0] * len(vals)
+    aliases = output_aliases(node)
     found: list[tuple[TensorMeta, tuple, object] | None] = []
     for i, v in enumerate(vals):
         if not isinstance(v, torch.Tensor):
@@ -344,6 +342,15 @@ def _argument_value(node: fx.Node, position: int) -> object:
     if position >= len(node.args) or not isinstance(node.args[position], fx.Node):
         return None
     return node.args[position].meta.get("val")
+
+
+def output_aliases(node: fx.Node) -> list[int | None]:
+    """For each output of a call, the position among its tensor arguments of the input whose
+    storage it shares (None: a storage of its own)."""
+    val = node.meta.get("val")
+    if isinstance(val, list) and _returns_view_list(node):  # split, unbind, chunk: all views
+        return [0] * len(val)
+    return _alias_positions(node)
 
 
 def _returns_view_list(node: fx.Node) -> bool:

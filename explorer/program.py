@@ -51,6 +51,9 @@ class Instr:
     # a fused dropout: the split's snapshot, mask, product and output nodes it runs as one
     # `native_dropout(x)`, which makes the output and the mask (out_slots, in that order)
     fused: tuple[str, ...] = ()
+    # writes its output into its first input's storage, which it is the last to read
+    # (explorer.inplace)
+    in_place: bool = False
 
     @property
     def parts(self) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ the last value using it is cleared. Parameters, buffers and inputs are the stati
 outputs stay alive through the backward (the user's loss holds them); tangents (the gradients
 of the outputs) are alive for the whole backward (autograd holds them while our backward runs).
 The timeline has one entry per operator: the bytes alive just after it ran, before its dead
-inputs are cleared, which is when an operator's memory peaks, plus the scratch memory it used
+inputs are cleared, which is when an operator's memory peaks (an operator that writes in place,
+explorer.inplace, makes nothing new), plus the scratch memory it used
 while running when a (CUDA) profile measured one. Where the profile measured code outside the
 graph holding more for a moment (explorer.eagerpeaks), an entry labelled `eager: ...` adds
 that to what the graph holds when the stretch begins: before the forward, after it, after the
@@ -22,6 +23,17 @@ from explorer.program import Instr, StepProgram, outputs_of
 
 EAGER = "eager: "  # the label prefix of a point of code outside the graph
 BEFORE_FORWARD = EAGER + "before the forward"
+
+
+@dataclass
+class LastReader:
+    """An instruction that is the last to read its first input's storage, which an earlier
+    instruction of the same list (forward or backward) made and no other value shares: it
+    could write its output there (explorer.inplace). `entry`: its entry in the timeline."""
+
+    instr: Instr
+    entry: int
+    storage_bytes: int
 
 
 @dataclass
@@ -101,18 +113,40 @@ def _run(
     timeline: Timeline,
     tag: str,
     workspace: dict[str, int],
+    last_readers: list[LastReader] | None,
 ) -> None:
+    made_here = len(mem.bytes_of)  # storages numbered from here on are made by this list
     for instr in instrs:
-        for slot, meta in zip(instr.out_slots, outputs_of(graph, instr), strict=True):
+        if last_readers is not None:
+            sid = _sole_dying_first_input(mem, instr)
+            if sid is not None and sid >= made_here:
+                last_readers.append(LastReader(instr, len(timeline.steps), mem.bytes_of[sid]))
+        for k, (slot, meta) in enumerate(
+            zip(instr.out_slots, outputs_of(graph, instr), strict=True)
+        ):
             if slot is None or meta is None:
                 continue
             alias = instr.in_slots[meta.alias_of] if meta.alias_of is not None else None
+            if instr.in_place and k == 0:
+                alias = instr.in_slots[0]
             mem.bind(slot, meta.nbytes, alias)
         timeline.steps.append(mem.live + workspace.get(instr.node, 0))
         timeline.labels.append(instr.node)
         timeline.phase.append("recompute" if instr.recompute else tag)
         for slot in instr.frees:
             mem.clear(slot)
+
+
+def _sole_dying_first_input(mem: _Storages, instr: Instr) -> int | None:
+    """The storage of the instruction's first input where this instruction is its last reader
+    and reads it once, and no other slot holds it; else None."""
+    if not instr.in_slots or instr.fused:
+        return None
+    first = instr.in_slots[0]
+    if first not in instr.frees or instr.in_slots.count(first) > 1:
+        return None
+    sid = mem.storage_of_slot.get(first)
+    return sid if sid is not None and mem.refs[sid] == 1 else None
 
 
 def simulate(
@@ -122,6 +156,7 @@ def simulate(
     held_elsewhere: frozenset[str] = frozenset(),
     eager: EagerPeaks | None = None,
     layout_copies: bool = True,
+    last_readers: list[LastReader] | None = None,
 ) -> Timeline:
     """Memory timeline of one graph's step under `program` (see explorer.step for a step made
     of several graphs).
@@ -131,7 +166,8 @@ def simulate(
     counts while this graph needs them (explorer.step): zero bytes here. `eager`: what code
     outside the graph holds for a moment around it (module docstring). `layout_copies`: False
     when the step starts with gradients, which autograd adds to in place, copying none
-    (Graph.grad_copy_bytes)."""
+    (Graph.grad_copy_bytes). `last_readers`, if given, collects the instructions that could
+    write in place (LastReader)."""
     workspace = workspace or {}
     eager = eager or EagerPeaks()
     mem = _Storages()
@@ -148,7 +184,7 @@ def simulate(
     _eager_point(timeline, mem.live, eager.before, BEFORE_FORWARD, "forward")
     for slot, nbytes in transient:  # alive, but made by an earlier graph: not static
         mem.bind(slot, nbytes, None)
-    _run(graph, program.forward, mem, timeline, "forward", workspace)
+    _run(graph, program.forward, mem, timeline, "forward", workspace, last_readers)
     _eager_point(timeline, mem.live, eager.after_forward, EAGER + "after the forward", "forward")
     storages = {slot: mem.storage_of_slot.get(slot) for slot in program.passed_on_slots}
     for slot in program.passed_on_slots:
@@ -168,7 +204,7 @@ def simulate(
         mem.bind(program.slot_of[(node.name, 0)], node.out_bytes, None)
     for slot in program.unread_saved:
         mem.clear(slot)
-    _run(graph, program.backward, mem, timeline, "backward", workspace)
+    _run(graph, program.backward, mem, timeline, "backward", workspace, last_readers)
     _eager_point(timeline, mem.live, eager.after_backward, EAGER + "after the backward", "backward")
     for slot in program.kept_to_end_slots:  # the user never held them
         if slot not in program.grad_slots:  # (unless returned as a gradient as they are)

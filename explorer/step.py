@@ -46,6 +46,7 @@ from typing import TypeVar
 
 from explorer.eagerpeaks import EagerPeaks
 from explorer.graph import ROLE_TANGENT, Graph, ValueRef, storage_owners
+from explorer.inplace import mark_in_place
 from explorer.program import EagerCode, Handoff, StepProgram, compile_program, storage_slots
 from explorer.schedule import GraphSchedule
 from explorer.simulate import BEFORE_FORWARD, Timeline, simulate
@@ -167,7 +168,7 @@ def _graph_timelines(
     programs_saves: list[set[int]] = []  # each graph's transient inputs its backward reads
     for k, (graph, schedule) in enumerate(zip(graphs, schedules, strict=True)):
         key = (k, tuple(schedule.saved), tuple(schedule.backward))
-        program = _memoized(memo, key, partial(compile_program, graph, schedule, handoffs[k]))
+        program = _memoized(memo, key, partial(_program, graphs, graph, schedule, handoffs[k]))
         programs.append(program)
         saves = set(program.transient_slots) - set(program.frame_held)
         programs_saves.append(saves)
@@ -204,6 +205,15 @@ def _graph_timelines(
             )
         )
     return lines, programs, in_flight
+
+
+def _program(
+    graphs: list[Graph], graph: Graph, schedule: GraphSchedule, handoff: Handoff
+) -> StepProgram:
+    """The program of one of the step's graph runs, writing in place as the runtime does in
+    a step of one graph run once (explorer.inplace)."""
+    program = compile_program(graph, schedule, handoff)
+    return mark_in_place(graph, program) if len(graphs) == 1 else program
 
 
 def _memoized(memo: dict | None, key: tuple, make: Callable[[], T]) -> T:

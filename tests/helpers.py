@@ -15,6 +15,7 @@ from torch import nn
 
 import explorer
 from explorer.backend import wrap_with_schedule
+from explorer.inplace import IN_PLACE
 from explorer.memory import LiveBytesTracker
 from explorer.models import build
 from explorer.program import operator_of
@@ -24,6 +25,7 @@ from explorer.simulate import EAGER
 from explorer.verify import VerifyReport, training_step
 
 REPLAYED = {str(mask): str(replay) for mask, replay in REPLAYS.items()}
+FUNCTIONAL_OF = {str(in_place): str(functional) for functional, in_place in IN_PLACE.items()}
 
 __all__ = [
     "assert_lowest_point_trains_like_the_model",
@@ -105,7 +107,9 @@ def live_bytes_by_operator(
             predicted.append((label, target, live - line.static_bytes))
     found: list[tuple[str, int, int]] = []
     for name, live in ran:
-        if len(found) < len(predicted) and name == predicted[len(found)][1]:
+        # an operator that writes in place runs its in-place overload (explorer.inplace)
+        functional = FUNCTIONAL_OF.get(name, name)
+        if len(found) < len(predicted) and functional == predicted[len(found)][1]:
             label, _, expected = predicted[len(found)]
             found.append((label, expected, live))
     assert len(found) == len(predicted), f"{predicted[len(found)][0]} never ran"
