@@ -10,10 +10,12 @@ import uuid
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 from torch import nn
 
 import explorer
+from explorer import planner as planner_module
 from explorer.backend import wrap_with_schedule
 from explorer.inplace import IN_PLACE
 from explorer.memory import LiveBytesTracker
@@ -60,6 +62,21 @@ def assert_lowest_point_trains_like_the_model(plan: explorer.Planner) -> VerifyR
     buffers = rows.get("buffers (BatchNorm statistics)")
     assert buffers is None or buffers.measured == "bitwise equal"
     return report
+
+
+def runtimes_timed(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The list to which every runtime step a profile times is appended from now on (the
+    profile's timing shortened to 0.1 s)."""
+    timed = []
+    measure = planner_module.measure_step_times
+
+    def recording(*args, runtime, **kwargs):
+        timed.append(runtime)
+        return measure(*args, runtime=runtime, **kwargs)
+
+    monkeypatch.setattr(planner_module, "measure_step_times", recording)
+    monkeypatch.setenv("REMAT_EXPLORER_TIMING_SECONDS", "0.1")
+    return timed
 
 
 def import_schedule(path: str | Path) -> ModuleType:

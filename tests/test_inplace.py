@@ -8,12 +8,11 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import assert_as_predicted, live_bytes_by_operator
+from helpers import assert_as_predicted, live_bytes_by_operator, runtimes_timed
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import explorer
-from explorer import planner as planner_module
 from explorer.backend import wrap_with_schedule
 from explorer.inplace import IN_PLACE, mark_in_place, write_in_place
 from explorer.partition import partition
@@ -241,15 +240,7 @@ def test_the_profile_times_the_step_writing_in_place(monkeypatch):
     # in place as a plan's runs do. catches: the capture's own step timed, which does not
     # (resnet50 b8 128 px, one thread: 1.035x the unmodified step, where a plan's runs
     # without recomputation take 0.999x)
-    timed = []
-    measure = planner_module.measure_step_times
-
-    def recording(*args, runtime, **kwargs):
-        timed.append(runtime)
-        return measure(*args, runtime=runtime, **kwargs)
-
-    monkeypatch.setattr(planner_module, "measure_step_times", recording)
-    monkeypatch.setenv("REMAT_EXPLORER_TIMING_SECONDS", "0.1")
+    timed = runtimes_timed(monkeypatch)
     model, x = _blocks()
     explorer.Planner(model, (x,)).profile()
     (runtime,) = timed

@@ -10,11 +10,10 @@ import weakref
 
 import pytest
 import torch
-from helpers import import_schedule
+from helpers import import_schedule, runtimes_timed
 from torch import fx, nn
 
 import explorer
-from explorer import planner as planner_module
 from explorer.backend import RESIZED, _boxed
 from explorer.eagerpeaks import BACKWARD, END, FORWARD, START
 from explorer.errors import RematError
@@ -162,15 +161,7 @@ def test_the_profile_times_the_runtime_without_the_unread_gradients(broken, monk
     # was predicted +29.3%, where verify measured +14.1%; now 1.12x and +15.1%), and a
     # step compiled for timing whose forward runs are not marked (its graphs' pace then
     # counts their backward only)
-    timed = []
-    measure = planner_module.measure_step_times
-
-    def recording(*args, runtime, **kwargs):
-        timed.append(runtime)
-        return measure(*args, runtime=runtime, **kwargs)
-
-    monkeypatch.setattr(planner_module, "measure_step_times", recording)
-    monkeypatch.setenv("REMAT_EXPLORER_TIMING_SECONDS", "0.1")
+    timed = runtimes_timed(monkeypatch)
     torch.manual_seed(0)
     model, x = AuxiliaryHead(broken), torch.randn(8, 16)
     plan = explorer.Planner(model, (x,), loss=on_the_head)
