@@ -10,8 +10,10 @@ where half would leave a BatchNorm model too few values per channel: captured ag
 the schedule mapped onto the new graph), and a later step at that shape. Beside it, to say
 whose cost it is: plain `torch.compile(backend="aot_eager")` (AOTAutograd's runtime, the
 graphs run op by op, no plan), and the same under the Dynamo settings the runtime needs on
-every call (`explorer.backend.dynamo_settings`). Steps are timed interleaved (eager, plain,
-plain under the settings, schedule, then again) on one thread; the table shows medians of
+every call (`explorer.backend.dynamo_settings`), and the same schedule with no operator
+writing in place (*functional*: explorer.inplace turned off for its compile). Steps are timed
+interleaved (eager, plain, plain under the settings, functional, schedule, then again) on one
+thread; the table shows medians of
 each step's time over eager's in the same round. On CUDA steps are synchronized. With
 --profile, five steps of plain and of the schedule each run under `torch.profiler`, and the
 operators whose host (and device) time a step differs most between them are listed: where
@@ -21,10 +23,13 @@ the runtime's own cost goes. Writes runtime.json into --results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch import nn
@@ -38,6 +43,13 @@ from explorer.verify import training_step
 
 RESULTS = Path(__file__).parent / "results"
 PROFILED_STEPS = 5
+
+
+@contextlib.contextmanager
+def _functional() -> Iterator[None]:
+    """The runtime compiling with no operator writing in place (explorer.inplace)."""
+    with mock.patch("explorer.backend.mark_in_place", lambda _graph, program: program):
+        yield
 
 
 class _UnderSettings(nn.Module):
@@ -128,8 +140,12 @@ def measure(
     def seconds(model: nn.Module, batch: tuple, seed: int) -> float:
         return time_step(lambda: training_step(model, batch, seed), device)
 
+    functional = wrap_with_schedule(copy.deepcopy(built.model), plan.made_for(), baseline.to_dict())
+    with _functional():
+        seconds(functional, inputs, 0)
     for model in variants.values():  # warm up and compile the comparisons
         seconds(model, inputs, 0)
+    variants["functional"] = functional
     first = seconds(wrapped, inputs, 0)
     variants["ours"] = wrapped
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -155,6 +171,7 @@ def measure(
         "ratio": over_eager("ours"),
         "plain_aot_eager_ratio": over_eager("plain"),
         "aot_eager_under_settings_ratio": over_eager("settings"),
+        "functional_ratio": over_eager("functional"),
         "first_step_seconds": first,
         "new_shape_first_step_seconds": new_shape,
         "new_shape_step_seconds": again,
@@ -177,7 +194,7 @@ def main() -> None:
     rows = []
     print(
         f"{'model':<22} {'eager s':>8} {'ours s':>8} {'ratio':>6} {'plain':>6} {'+sets':>6} "
-        f"{'first s':>8} {'new shape s':>11} {'then s':>7}"
+        f"{'funct':>6} {'first s':>8} {'new shape s':>11} {'then s':>7}"
     )
     for entry in args.models:
         spec, batch, size = entry.rsplit(":", 2)
@@ -186,7 +203,8 @@ def main() -> None:
         print(
             f"{entry:<22} {row['eager_step_seconds']:>8.3f} {row['schedule_step_seconds']:>8.3f} "
             f"{row['ratio']:>6.3f} {row['plain_aot_eager_ratio']:>6.3f} "
-            f"{row['aot_eager_under_settings_ratio']:>6.3f} {row['first_step_seconds']:>8.2f} "
+            f"{row['aot_eager_under_settings_ratio']:>6.3f} {row['functional_ratio']:>6.3f} "
+            f"{row['first_step_seconds']:>8.2f} "
             f"{row['new_shape_first_step_seconds']:>11.2f} {row['new_shape_step_seconds']:>7.3f}"
         )
         if row["operator_differences"]:

@@ -336,10 +336,15 @@ class RematBackend:
         schedule = self._schedule_for(joint, graph, num_fwd_outputs, sizes)
         forward, backward = partition(joint, graph, schedule, num_fwd_outputs)
         fuse_kept_dropouts(forward)  # as compile_program predicts it
-        if len(self.schedules) == 1 and not sizes:  # a plan of one graph run once
+        if self._writes_in_place() and not sizes:
             program = mark_in_place(graph, compile_program(graph, schedule))
             write_in_place(forward, backward, program)
         return forward, backward
+
+    def _writes_in_place(self) -> bool:
+        """Whether operators may write in place (explorer.inplace): in a plan of one graph
+        run once."""
+        return len(self.schedules) == 1
 
     def _as_planned(
         self, joint: fx.GraphModule, graph: Graph, sizes: Sizes, num_fwd_outputs: int

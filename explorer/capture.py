@@ -54,7 +54,6 @@ from explorer.graph import (
     Graph,
     ValueRef,
 )
-from explorer.inplace import mark_in_place
 from explorer.modelstate import (
     STEP_SEED,
     drew_alike,
@@ -65,7 +64,7 @@ from explorer.modelstate import (
     storage_address,
     tensors_in,
 )
-from explorer.program import Handoff, baseline_schedule, compile_program
+from explorer.program import Handoff, baseline_schedule
 from explorer.schedule import GraphSchedule
 from explorer.symsizes import Sizes
 from explorer.unread import leave_out_unread, unread_gradient_bytes, unread_tangents
@@ -191,6 +190,11 @@ class _Recorder(RematBackend):
         marker(kind, END)
         return result
 
+    def _writes_in_place(self) -> bool:
+        """While capturing, as a plan of one graph runs (the step is timed so when it is
+        one graph run once: timed_runtime); afterwards as the schedules given say."""
+        return not self.done or super()._writes_in_place()
+
     def _schedule_for(
         self, joint: fx.GraphModule, graph: Graph, num_fwd_outputs: int, _sizes: Sizes
     ) -> GraphSchedule:
@@ -268,11 +272,12 @@ def timed_runtime(captured: list[CapturedGraph]) -> tuple[Any, _Recorder]:
     loss leaves unread (explorer.unread): the capture's step computes them (GoogLeNet b2 64
     px with a loss on its logits: its two auxiliary heads' backward, of zeros), and timed so
     made the runtime's own cost read 1.27x the unmodified step where the plan's runs cost
-    1.12x. They do where the step is one graph run once whose operators write in place
-    (explorer.inplace), as a plan of one graph's runs do and the capture's do not."""
+    1.12x. They do where the step has several graph runs: the capture's operators write in
+    place (explorer.inplace) as a plan of one graph run once does, and such a plan's do
+    not."""
     first = captured[0]
     assert first.runtime is not None and first.backend is not None
-    if not any(run.graph.unread_tangents for run in captured) and not _writes_in_place(captured):
+    if len(captured) == 1 and not first.graph.unread_tangents:
         return first.runtime, first.backend
     recorder = _Recorder()
     recorder.done = True  # records nothing; marks its graphs' runs
@@ -281,16 +286,6 @@ def timed_runtime(captured: list[CapturedGraph]) -> tuple[Any, _Recorder]:
         for run in captured
     ]
     return compile_call(recorder), recorder
-
-
-def _writes_in_place(captured: list[CapturedGraph]) -> bool:
-    """Whether a plan of this step writes in place: one graph, run once, some of whose
-    operators can without recomputation (explorer.inplace)."""
-    if len(captured) != 1:
-        return False
-    graph = captured[0].graph
-    program = mark_in_place(graph, compile_program(graph, baseline_schedule(graph)))
-    return any(i.in_place for i in program.forward + program.backward)
 
 
 def _refuse_checkpointed_batch_norm(captured: list[CapturedGraph]) -> None:

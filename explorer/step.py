@@ -74,13 +74,16 @@ def step_timeline(
     each run's program and simulation kept across calls for the same graphs and settings
     (explorer.stepsolver.StepSolver: a search simulates the same schedule of a run many
     times).
-    `labelled`: False for the bytes alone (no labels or phases), all a search needs.
+    `labelled`: False for the bytes alone (no labels or phases), all a search needs; the
+    moments of operators that write in place are then counted as if they did not, which
+    leaves the peak the same (explorer.inplace).
     `constants`: `backward_constants` of these graphs, where the caller keeps them."""
     workspace = workspace or [{}] * len(graphs)
     handoffs = handoffs or [Handoff()] * len(graphs)
     moments = moments or [EagerPeaks()] * len(graphs)
+    in_place = labelled and len(graphs) == 1  # as the runtime writes (explorer.inplace)
     lines, programs, in_flight = _graph_timelines(
-        graphs, schedules, workspace, handoffs, moments, layout_copies, memo
+        graphs, schedules, workspace, handoffs, moments, layout_copies, memo, in_place
     )
     eager = [h.eager for h in handoffs]
     if (
@@ -154,6 +157,7 @@ def _graph_timelines(
     moments: list[EagerPeaks],
     layout_copies: bool,
     memo: dict | None = None,
+    in_place: bool = False,
 ) -> tuple[list[Timeline], list[StepProgram], list[int]]:
     """Each graph's own simulation, a handed-over tensor counted by one graph only, each
     graph's program, and the bytes handed over past each graph's forward: a tensor that its
@@ -168,7 +172,7 @@ def _graph_timelines(
     programs_saves: list[set[int]] = []  # each graph's transient inputs its backward reads
     for k, (graph, schedule) in enumerate(zip(graphs, schedules, strict=True)):
         key = (k, tuple(schedule.saved), tuple(schedule.backward))
-        program = _memoized(memo, key, partial(_program, graphs, graph, schedule, handoffs[k]))
+        program = _memoized(memo, key, partial(_program, graph, schedule, handoffs[k], in_place))
         programs.append(program)
         saves = set(program.transient_slots) - set(program.frame_held)
         programs_saves.append(saves)
@@ -208,12 +212,12 @@ def _graph_timelines(
 
 
 def _program(
-    graphs: list[Graph], graph: Graph, schedule: GraphSchedule, handoff: Handoff
+    graph: Graph, schedule: GraphSchedule, handoff: Handoff, in_place: bool
 ) -> StepProgram:
-    """The program of one of the step's graph runs, writing in place as the runtime does in
-    a step of one graph run once (explorer.inplace)."""
+    """The program of one of the step's graph runs, writing in place where the runtime
+    does (`in_place`: in a step of one graph run once, explorer.inplace)."""
     program = compile_program(graph, schedule, handoff)
-    return mark_in_place(graph, program) if len(graphs) == 1 else program
+    return mark_in_place(graph, program) if in_place else program
 
 
 def _memoized(memo: dict | None, key: tuple, make: Callable[[], T]) -> T:
