@@ -40,6 +40,7 @@ from torch import fx
 
 from explorer.fxgraph import is_getitem, output_aliases, tensor_args
 from explorer.graph import Graph
+from explorer.partition import RECOMPUTE, REMAT, REMAT_SOURCE
 from explorer.program import Instr, StepProgram, operator_of
 from explorer.simulate import LastReader, simulate
 
@@ -75,8 +76,6 @@ OUT_ARGUMENT = {
     if argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write
 }
 IN_PLACE_BY_NAME = {str(functional): in_place for functional, in_place in IN_PLACE.items()}
-REMAT_SOURCE, REMAT = "remat_source", "remat"  # explorer.partition's node.meta keys
-RECOMPUTE = "recompute"  # node.meta[REMAT] of a recomputation (explorer.partition)
 
 
 def mark_in_place(graph: Graph, program: StepProgram) -> StepProgram:

@@ -30,10 +30,12 @@ from explorer.rngreplay import replay_in_place
 from explorer.schedule import GraphSchedule
 from explorer.symsizes import is_symbolic
 
-RECOMPUTE = "recompute"  # node.meta["remat"] of a recomputation in the backward graph
+REMAT = "remat"  # node.meta key of a copy's tag
+RECOMPUTE = "recompute"  # node.meta[REMAT] of a recomputation in the backward graph
+# node.meta[REMAT_SOURCE]: the joint-graph node a node copies (names may change)
+REMAT_SOURCE = "remat_source"
 # node.meta flag of a value a traced autograd.Function put on its ctx (torch._functorch)
 NO_VERSION_CHECK = "saved_tensor_with_no_vc_check"
-# node.meta["remat_source"]: the joint-graph node a backward node copies (names may change)
 
 
 def partition(
@@ -71,10 +73,10 @@ def _scheduled_joint(
             if is_symbolic(size) and size not in env:
                 copy(size)
         made = _copied(new, node, env)
-        made.meta["remat_source"] = node.name
+        made.meta[REMAT_SOURCE] = node.name
         if tag is not None:
             made.meta["partitioner_tag"] = "is_backward"
-            made.meta["remat"] = tag
+            made.meta[REMAT] = tag
             replay_in_place(made)  # a dropout mask is drawn again from its saved state
         env[node] = made
         for user in node.users:
