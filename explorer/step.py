@@ -171,7 +171,7 @@ def _graph_timelines(
     saved: set[tuple[int, ValueRef]] = set()  # ... and saves for its backward
     programs_saves: list[set[int]] = []  # each graph's transient inputs its backward reads
     for k, (graph, schedule) in enumerate(zip(graphs, schedules, strict=True)):
-        key = (k, tuple(schedule.saved), tuple(schedule.backward))
+        key = (k, tuple(schedule.saved), tuple(schedule.backward), in_place)
         program = _memoized(memo, key, partial(_program, graph, schedule, handoffs[k], in_place))
         programs.append(program)
         saves = set(program.transient_slots) - set(program.frame_held)
