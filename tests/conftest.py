@@ -1,9 +1,11 @@
 """Shared test settings: one CPU thread (stable, and fair on a 2-core machine), whole steps
 timed in their least rounds, GPU tests skipped without CUDA, tests marked `slow` run after
-all the others, and `quick_search` for tests about exactness rather than the solver's
-quality."""
+all the others, no test leaving the Ctrl+C handler changed, and `quick_search` for tests
+about exactness rather than the solver's quality."""
 
 from __future__ import annotations
+
+import signal
 
 import pytest
 import torch
@@ -29,6 +31,20 @@ def _least_timing_rounds(monkeypatch):
     Through the environment, so the command lines a test starts get it too; the tests of the
     rounds themselves set it again."""
     monkeypatch.setenv(TIMING_SECONDS_VARIABLE, "0")
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_kept():
+    """A test that leaves the process's Ctrl+C handler other than it found it fails (and the
+    handler is put back): the in-process Ctrl+C tests need the default handler, and once in
+    a full run one found SIGINT handled by something that did not raise (main() returned None
+    rather than 130); a library or a main() left installed is a user's problem too."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT handled by {after!r} (was {before!r})")
 
 
 @pytest.fixture
