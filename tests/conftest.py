@@ -13,7 +13,7 @@ import torch
 from explorer.solvers.registry import SEARCH_SECONDS
 from explorer.timingrounds import TIMING_SECONDS_VARIABLE
 
-QUICK_SEARCH_TOTAL = 8.0  # CBC seconds a quick_search sweep refines with, all budgets together
+QUICK_SEARCH_TOTAL = 4.0  # CBC seconds a quick_search sweep refines with, all budgets together
 
 
 @pytest.fixture(autouse=True, scope="session")
