@@ -97,7 +97,7 @@ class CapturedGraph:
     runtime: Callable[..., Any] | None = field(default=None, repr=False)
     # that step's backend, which counts its runs as a plan's does and calls a marker at
     # each graph run's forward and backward start and end (explorer.eagerpeaks)
-    backend: _Recorder | None = field(default=None, repr=False)
+    backend: Recorder | None = field(default=None, repr=False)
     # the model's parameters that the step's autograd graph does not reach: their gradients,
     # if any, come from code no graph or eager node shows (explorer.eager.unreached_parameters)
     unreached: list = field(default_factory=list, repr=False)
@@ -117,7 +117,7 @@ class CapturedGraph:
         return state + [getattr(self.joint, node.target) for node in constants]
 
 
-class _Recorder(RematBackend):
+class Recorder(RematBackend):
     """The runtime's backend, recording each joint graph and every run of its forward (with
     the values it read and returned), running it without recomputation."""
 
@@ -187,8 +187,12 @@ class _Recorder(RematBackend):
     def set_marker(self, marker: Callable[[str, str], None] | None) -> None:
         self.marker = marker
 
-    def _compile_backward(self, gm: fx.GraphModule, example_inputs: Any) -> Any:
-        return self._marking(BACKWARD, super()._compile_backward(gm, example_inputs))
+    def _backward_run(self, run: Callable[[list], Any]) -> Callable[[list], Any]:
+        """Marked inside the check of its tangents, which is code outside the graph's
+        operators: its `any()` of a tangent autograd filled with zeros holds a byte for a
+        moment there, at the stretch's highest point (a side branch's 4,096 unread logits:
+        the plan's peak was 1 byte over the prediction)."""
+        return self._marking(BACKWARD, run)
 
     def _marking(self, kind: str, run: Callable[[list], Any]) -> Callable[[list], Any]:
         """`run` (boxed), marked at its start and end once a marker is set."""
@@ -240,7 +244,7 @@ def capture(
     with kept(model, (args, kwargs), STEP_SEED), _autocast(args, autocast):
         _first_call(model, args, kwargs or {})
         eager_draws = generator_states(model, (args, kwargs))
-    recorder = _Recorder()
+    recorder = Recorder()
     call = compile_call(recorder)
     with kept(model, (args, kwargs), STEP_SEED), dynamo_settings(), _autocast(args, autocast):
         try:
@@ -283,7 +287,7 @@ def capture(
     return captured
 
 
-def timed_runtime(captured: list[CapturedGraph]) -> tuple[Any, _Recorder]:
+def timed_runtime(captured: list[CapturedGraph]) -> tuple[Any, Recorder]:
     """The compiled step the profile times without recomputation, and its backend (whose
     marks time the graphs inside it): the capture's own, or one compiled anew where a plan's
     runs differ from it. They do where the step's graphs leave out gradients of outputs the
@@ -300,7 +304,7 @@ def timed_runtime(captured: list[CapturedGraph]) -> tuple[Any, _Recorder]:
     assert first.runtime is not None and first.backend is not None
     if len(captured) == 1 and not first.graph.unread_tangents:
         return first.runtime, first.backend
-    recorder = _Recorder()
+    recorder = Recorder()
     recorder.done = True  # records nothing; marks its graphs' runs
     recorder.schedules = [
         replace(baseline_schedule(run.graph), unread_tangents=list(run.graph.unread_tangents))

@@ -43,14 +43,14 @@ class AuxiliaryHead(nn.Module):
 
 class SideBranch(nn.Module):
     """A trunk and its head, and an auxiliary head on a side branch of the first graph that
-    only it reads, after a graph break."""
+    only it reads, after a graph break; `aux_width`: the auxiliary head's outputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, aux_width: int = 4) -> None:
         super().__init__()
         self.trunk = nn.Sequential(nn.Linear(16, 32), nn.Tanh())
         self.side = nn.Sequential(nn.Linear(16, 256), nn.Tanh())
         self.head = nn.Linear(32, 4)
-        self.aux = nn.Linear(256, 4)
+        self.aux = nn.Linear(256, aux_width)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features, side = self.trunk(x), self.side(x)
@@ -112,6 +112,19 @@ def test_an_earlier_graphs_output_only_unread_outputs_reach_is_unread_too():
     front = plan.sweep(points=2)
     assert front.points[0].predicted_peak_bytes <= front.unmodified_peak_bytes
     _lowest_point_as_predicted(front)
+
+
+def test_what_code_outside_the_graphs_holds_is_measured_as_plans_run_the_step():
+    # A wide unread output: autograd fills its gradient with zeros (131,072 bytes) as the
+    # backward starts, and the runtime checks them (`any()`: one byte) before the graph's
+    # operators; the step's peak is there. catches: those moments measured on the capture's
+    # own step, whose second graph has the unread output's tangent too (predicted 8,192
+    # bytes over the measured peak), and the check's byte left out of the stretch before
+    # the backward (1 byte under)
+    torch.manual_seed(0)
+    plan = explorer.Planner(SideBranch(aux_width=4096), (torch.randn(8, 16),), loss=on_the_head)
+    assert [g.unread_tangents for g in plan.capture()] == [["tangents_1"], ["tangents_2"]]
+    _lowest_point_as_predicted(plan.sweep(points=2))
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["one graph", "two graphs"])
