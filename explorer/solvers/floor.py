@@ -97,7 +97,12 @@ class FloorLp:
         finally:
             for x in self.branched:
                 x.cat = pulp.LpContinuous
-        found = outcome.objective if outcome.optimal else outcome.bound if self.branched else None
+        if outcome.optimal:
+            found = outcome.objective
+        elif self.branched:  # stopped at the time limit: the bound CBC proved holds
+            found = outcome.bound
+        else:
+            found = None
         if found is None:
             return None
         return max(0, math.floor(found / self.scale * (1 - SLACK)))
