@@ -72,6 +72,7 @@ def _operator_times(model: nn.Module, inputs: tuple, device: str) -> dict[str, t
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as profiled:
         for seed in range(PROFILED_STEPS):
+            model.zero_grad(set_to_none=True)
             time_step(lambda seed=seed: training_step(model, inputs, seed), device)
     return {
         event.key: tuple(
@@ -138,6 +139,7 @@ def measure(
     other_shape = tuple(_other_batch(x) for x in inputs)
 
     def seconds(model: nn.Module, batch: tuple, seed: int) -> float:
+        model.zero_grad(set_to_none=True)  # as a loop's optimizer.zero_grad() leaves them
         return time_step(lambda: training_step(model, batch, seed), device)
 
     functional = wrap_with_schedule(copy.deepcopy(built.model), plan.made_for(), baseline.to_dict())
