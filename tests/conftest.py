@@ -38,7 +38,7 @@ def _sigint_handler_kept():
     """Every test starts with the Ctrl+C handler the session found, and one that leaves the
     CLI's own handler installed fails: main() must put back what it found. Other changes are
     undone quietly; a suite run as a background job starts with SIGINT ignored, and the
-    notebook test's Jupyter client leaves Python's default handler there."""
+    notebook test leaves Python's default handler there (which library in it does, untraced)."""
     before = signal.getsignal(signal.SIGINT)
     yield
     after = signal.getsignal(signal.SIGINT)
