@@ -511,7 +511,7 @@ class Solver:
             status, gap = self._refine(budget, start, label, effort)
         else:
             status, gap = "feasible", 1.0
-            if self.refines:  # out of refinement time: so is a second sweep
+            if search and self.refines:  # out of refinement time: so is a second sweep
                 self.cache.put_label(str(budget), False, None)
                 self._save()
         chosen = self._copy(self.answers.best_within(budget))

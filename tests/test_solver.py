@@ -1402,6 +1402,22 @@ def test_the_solver_drops_first_only_at_its_least_peak(cnn, monkeypatch):
     assert not calls[1].drop and len(calls) == 2
 
 
+def test_a_budget_answered_without_a_search_is_searched_when_asked_with_one(cnn, monkeypatch):
+    # a step of several graphs answers the shares it bisects from what each graph's solver
+    # knows, then searches at the share that fits. catches: an answer without a search
+    # labelled as a search out of time, so that the search asked next at that budget is not
+    # made (a two-graph step's sweep then searched each graph once in 8 budgets)
+    graph, profile = cnn.capture()[0], cnn.profile().graphs[0]
+    calls = _fastest_calls(monkeypatch)
+    solver = make_solver("chain", graph, profile, refine_seconds=0.5)
+    budget = (solver.minimum().predicted_peak_bytes + solver.baseline.predicted_peak_bytes) // 2
+    calls.clear()  # the least peak's search
+    assert solver.solve(budget, search=False).gap == 1.0
+    assert not calls
+    solver.solve(budget)
+    assert [c.budget for c in calls] == [budget]
+
+
 def test_the_least_peak_found_without_time_to_speed_it_up_recomputes_nothing_needless():
     # catches: the least-peak search's schedule (its objective counts no time) taken as the
     # front's lowest point when the search time is spent before the fastest schedule at it is
