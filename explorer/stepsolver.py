@@ -273,7 +273,7 @@ class StepSolver:
     def solve(self, budget_bytes: int, alone: bool = False, search: bool = True) -> Schedule:
         """The fastest plan whose predicted step peak is at most `budget_bytes`. `alone`: the
         budget is asked by itself, not as one of a sweep's (Solver.solve_alone: a large
-        step's single graph searches it longer); `search`: False to answer from what is
+        graph searches it longer); `search`: False to answer from what is
         known (`recall`)."""
         started = time.perf_counter()
         if budget_bytes >= self.baseline.predicted_peak_bytes:
@@ -281,7 +281,7 @@ class StepSolver:
         elif self.single:
             chosen = self.combine([self._solve_one(budget_bytes, alone, search)])
         else:
-            chosen = self._shared(budget_bytes, search)
+            chosen = self._shared(budget_bytes, search, alone)
         chosen.budget_bytes = int(budget_bytes)
         chosen.solve_seconds = time.perf_counter() - started
         return chosen
@@ -416,10 +416,11 @@ class StepSolver:
         known = [*implied, *([] if joint is None else [joint])]
         return max(known) if known else None
 
-    def _shared(self, budget: int, search: bool = True) -> Schedule:
+    def _shared(self, budget: int, search: bool = True, alone: bool = False) -> Schedule:
         """Several graphs: the largest common share of each graph's range that fits, from
         the schedules known (`_bisected`); then, where `search`, one search per graph at that
-        share's budgets, and the share bisected again over what those searches found; then the
+        share's budgets (`alone`: each asked by itself, Solver.solve_alone), and the share
+        bisected again over what those searches found; then the
         fastest pairing of the graphs' options that fits (`_faster_apart`), each graph in turn
         faster (`_descend`), and recomputations dropped (`_dropped`). One search per graph and
         budget spends each graph's refinement time as its solver paces it (`pace`): searched
@@ -431,7 +432,10 @@ class StepSolver:
         share, best = self._bisected(budget, lowest)
         if search:
             for solver, graph_budget in zip(self.solvers, self._share_budgets(share), strict=True):
-                solver.solve(graph_budget)
+                if alone:
+                    solver.solve_alone(graph_budget)
+                else:
+                    solver.solve(graph_budget)
             share, best = self._bisected(budget, best)
         options = self._options_by_seconds()
         best = self._descend(self._faster_apart(best, budget, options), budget, options)

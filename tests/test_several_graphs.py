@@ -319,3 +319,21 @@ def test_a_sweep_of_several_graphs_searches_each_graph_once_a_budget(monkeypatch
     assert len(front) > 2 and searched
     below_baseline = [b for b in asked if b < step.baseline.predicted_peak_bytes]
     assert all(count <= len(below_baseline) for count in searched.values()), (searched, asked)
+
+
+def test_a_budget_of_several_graphs_asked_by_itself_is_asked_so_of_each_graph(monkeypatch):
+    # a graph too large to refine a sweep's every budget searches a budget asked by itself
+    # with windows (Solver.solve_alone). catches: a step of several graphs asking its graphs'
+    # solvers as a sweep does (the dashboard's "Solve this budget" on such a step got the
+    # chain table's answers)
+    asked: list[int] = []
+    monkeypatch.setattr(
+        Solver, "solve_alone", lambda self, budget: asked.append(budget) or self.solve(budget)
+    )
+    step = _step("two graphs", "chain")
+    least = step.minimum().predicted_peak_bytes
+    budget = (least + step.baseline.predicted_peak_bytes) // 2
+    step.solve(budget)
+    assert not asked
+    step.solve(budget, alone=True)
+    assert len(asked) == len(step.solvers)
