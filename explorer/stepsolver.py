@@ -420,12 +420,12 @@ class StepSolver:
         """Several graphs: the largest common share of each graph's range that fits, from
         the schedules known (`_bisected`); then, where `search`, one search per graph at that
         share's budgets (`alone`: each asked by itself, Solver.solve_alone), and the share
-        bisected again over what those searches found; then the
-        fastest pairing of the graphs' options that fits (`_faster_apart`), each graph in turn
-        faster (`_descend`), and recomputations dropped (`_dropped`). One search per graph and
-        budget spends each graph's refinement time as its solver paces it (`pace`): searched
-        at every share tried, a 2-layer GPT-2's lowest budget took all of its first graph's
-        time and left the later budgets none."""
+        bisected again over what those searches found; then the fastest pairing of the
+        graphs' options that fits (`_faster_apart`), each graph in turn faster (`_descend`),
+        and recomputations dropped (`_dropped`). One search per graph and budget spends each
+        graph's refinement time as its solver paces it (`pace`): searched at every share
+        tried, a 2-layer GPT-2's lowest budget took all of its first graph's time and left
+        the later budgets none."""
         lowest = self.minimum()
         if lowest.predicted_peak_bytes > budget:
             raise self._below_minimum(budget, lowest.predicted_peak_bytes)
@@ -445,9 +445,11 @@ class StepSolver:
         return best
 
     def _bisected(self, budget: int, fallback: Schedule) -> tuple[float, Schedule]:
-        """The largest share of every graph's range (BISECTIONS halvings) whose schedules
-        known, combined, fit `budget`, and the fastest plan among those that fit
-        (`fallback` if none is faster)."""
+        """The largest share of every graph's range (BISECTIONS halvings) whose known
+        schedules, combined, fit `budget`, and the fastest plan among the shares tried that
+        fit (`fallback` if none is faster). A larger share need not peak higher in the step
+        (a graph's faster schedule may save more through the later graphs), so the share
+        found is where to search, and the pairings tried after it (`_faster_apart`) decide."""
         best, lo, hi = fallback, 0.0, 1.0
         for _ in range(BISECTIONS):
             share = (lo + hi) / 2
