@@ -108,8 +108,12 @@ def markdown(results: list[dict], points: int) -> str:
         "",
         "Before 2026-12-07 (f8f63b3) every share a budget's bisection tried was searched, each "
         "a budget its graph's solver had not seen: the lowest budget took all of the first "
-        "graph's refinement time. The same sweeps took 60.5 s and 38.4 s then; wav2vec2's "
-        "front read +19.9% at 11.0 MiB, +10.4% at 13.6 MiB and +6.1% at 16.1 MiB.",
+        "graph's refinement time. On one saved profile per step, both trees twice each (the "
+        "same answers both times): wav2vec2's sweep took 35 s then and 16 s now, with the same "
+        "front; GPT-2's 61.5 s then and 56.6 s now, the same front but between 300 and 332 "
+        "KiB, where it read +3.8% at 309 KiB and +3.2% at 317 KiB, now +2.8% at 314 KiB and "
+        "+1.9% at 320 KiB. Fronts from fresh profiles differ by several points from one "
+        "profile to the next (the table's runs each profile anew).",
         "",
         "| model | graphs (solvers) | sweep | front |",
         "|---|---:|---:|---|",
