@@ -298,7 +298,7 @@ def test_a_graph_whose_backward_starts_with_a_recomputation_is_predicted_after_e
 def test_a_sweep_of_several_graphs_searches_each_graph_once_a_budget(monkeypatch):
     # every share a budget's bisection tried was searched, each a budget its graph's solver
     # had not seen: a 2-layer GPT-2's lowest budget took 31.6 s, all of its first graph's
-    # refinement time, and the later budgets were answered from the table (gaps 0.60 to
+    # refinement time, and the later budgets were answered from the table (gap labels 0.23 to
     # 0.85). catches: the searches made at every share tried (30 and 27 in 8 budgets here,
     # where there are 2 and 2)
     searched: dict[int, int] = {}
