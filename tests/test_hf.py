@@ -21,6 +21,7 @@ import explorer
 from explorer.backend import RESIZED, wrap_with_schedule
 from explorer.errors import RematWarning
 from explorer.memory import LiveBytesTracker, tensor_bytes
+from explorer.models import build
 from explorer.modelstate import held_state
 from explorer.verify import BITWISE, RECOMPUTATION, training_step
 
@@ -183,22 +184,8 @@ def test_wav2vec2_with_layerdrop_is_planned_to_the_byte(quick_search):
     eager's by the compiled step's arithmetic, with or without recomputation. catches: the
     eager code's saved hidden state left out (206,960 bytes under at the lowest point) or
     the layers' runs counted as one"""
-    config = transformers.Wav2Vec2Config(
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=128,
-        conv_dim=(32, 32, 32),
-        conv_stride=(5, 2, 2),
-        conv_kernel=(10, 3, 3),
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4,
-        layerdrop=0.1,
-        mask_time_prob=0.0,
-    )
-    torch.manual_seed(0)
-    model = transformers.Wav2Vec2Model(config)
-    plan = explorer.Planner(model, (torch.randn(2, 4000),))
+    built = build("bench.several_graphs:wav2vec2_with_layerdrop", None)  # 4 layers
+    plan = explorer.Planner(built.model, built.example_inputs, spec=built.spec)
     front = plan.sweep(points=3)
     schedule = front.points[0].schedule
     assert len(schedule.graphs) > len({g.fingerprint for g in schedule.graphs})  # runs again
