@@ -436,7 +436,7 @@ class StepSolver:
                     solver.solve_alone(graph_budget)
                 else:
                     solver.solve(graph_budget)
-            share, best = self._bisected(budget, best)
+            _, best = self._bisected(budget, best)
         options = self._options_by_seconds()
         best = self._descend(self._faster_apart(best, budget, options), budget, options)
         best = self._dropped(best, budget)
